@@ -1,0 +1,147 @@
+/* libmha: CPU kernels for the forward pass of multi-head attention.
+ *
+ * Computes what torch.nn.MultiheadAttention, BERT's SelfAttention and d2l's
+ * MultiHeadAttention compute in eval mode, per batch b and head h:
+ *
+ *   Q = Xq Wq^T + bq,  K = Xk Wk^T + bk,  V = Xv Wv^T + bv
+ *   O[b,h] = softmax(scale * Q[b,h] K[b,h]^T + mask) V[b,h]
+ *   Y = merge_heads(O) Wo^T + bo
+ *
+ * Conventions: sizes are int32_t element counts, tensors are dense row-major
+ * float, pointers are the caller's and are not kept after a call returns
+ * (except by mha_layer, which owns a packed copy of its weights). Outputs must
+ * not overlap inputs unless a function says it works in place.
+ *
+ * Errors: every entry point checks all of its arguments before writing
+ * anything; on error it returns a status and leaves every output untouched.
+ * The library never aborts, prints or exits.
+ *
+ * Masking: a query row with no visible key (every key masked by key lengths,
+ * per-query lengths, causality or a -INFINITY bias) yields a row of zeros.
+ * PyTorch yields NaN there and d2l a uniform average over all keys; libmha
+ * chooses zeros so that padded rows stay finite.
+ *
+ * Threads: parallel regions use OpenMP and honour omp_set_num_threads and
+ * OMP_NUM_THREADS. Results are bitwise identical for any thread count. Calls
+ * from several threads at once are safe.
+ */
+#ifndef MHA_H
+#define MHA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(MHA_SHARED_BUILD)
+#define MHA_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define MHA_API __attribute__((visibility("default")))
+#else
+#define MHA_API
+#endif
+
+typedef enum mha_status {
+    MHA_OK = 0,
+    MHA_ERR_ARG,         /* NULL where a pointer is required, or a value out of range */
+    MHA_ERR_SHAPE,       /* a dimension <= 0, heads not dividing, or a size that overflows */
+    MHA_ERR_MASK,        /* a key length < 0 or > seq_kv, or inconsistent mask fields */
+    MHA_ERR_UNSUPPORTED, /* an ISA that this build or this CPU does not have */
+    MHA_ERR_NOMEM,
+} mha_status;
+
+/* A static English description of s ("invalid argument", ...); never NULL. */
+MHA_API const char *mha_status_str(mha_status s);
+/* "MAJOR.MINOR.PATCH" */
+MHA_API const char *mha_version(void);
+
+typedef enum mha_isa { MHA_ISA_SCALAR = 0, MHA_ISA_AVX2 = 1, MHA_ISA_NEON = 2 } mha_isa;
+
+/* The ISA that calls use now. */
+MHA_API mha_isa mha_isa_active(void);
+/* Nonzero when isa is built into this library and supported by this CPU. */
+MHA_API int mha_isa_available(mha_isa isa);
+/* Process-wide choice of ISA, for validation and benchmarks. Safe to call while
+   other threads compute: a call already running finishes on the ISA it started
+   with, later calls use the new one. MHA_ERR_UNSUPPORTED when unavailable. */
+MHA_API mha_status mha_isa_force(mha_isa isa);
+/* "scalar", "avx2", "neon"; "unknown" for a value outside the enum. */
+MHA_API const char *mha_isa_name(mha_isa isa);
+/* Environment: MHA_ISA=scalar|avx2|neon forces the ISA at first use; an unknown or
+   unavailable name is ignored (the best ISA stays) and reported by tools, never aborts. */
+
+typedef struct mha_mask {
+    const int32_t *key_lens;       /* NULL or [B]: keys j >= key_lens[b] are masked (d2l valid_lens (B,)) */
+    const int32_t *query_key_lens; /* NULL or [B][Sq]: per query row (d2l valid_lens (B, Sq)) */
+    const float *bias;             /* NULL or additive, element (b,h,i,j) at            */
+    int64_t bias_stride_b;         /*   bias[b*stride_b + h*stride_h + i*stride_q + j]; */
+    int64_t bias_stride_h;         /*   a stride of 0 broadcasts (BERT [B,1,1,S]:       */
+    int64_t bias_stride_q;         /*   stride_b = S, stride_h = 0, stride_q = 0)       */
+    int32_t causal;                /* nonzero: key j masked when j > i + (seq_kv - seq_q) */
+} mha_mask;
+/* Every field may be combined with the others. Lengths must lie in [0, seq_kv]
+   and strides must be >= 0 (else MHA_ERR_MASK). The bias may hold -INFINITY;
+   a masked key gets weight exactly 0. A NULL mha_mask pointer means no mask. */
+
+typedef enum mha_layout { MHA_LAYOUT_BHSD = 0, MHA_LAYOUT_BSHD = 1 } mha_layout;
+
+/* Kernel 2: in-place head transpose. x is [B][S][H][dh] -> [B][H][S][dh] (split)
+   or back (merge). Needs only O(S*H) bits of scratch: MHA_ERR_NOMEM if even that
+   cannot be had, with x untouched. */
+MHA_API mha_status mha_heads_split(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
+MHA_API mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
+
+/* Kernel 3: fused scale-mask-softmax-matmul for every (b, h).
+   q: [B][H][Sq][dh], k and v: [B][Hkv][Skv][dh], H % Hkv == 0 (Hkv < H is grouped-query
+   attention: query head h reads kv head h / (H / Hkv)). scale is usually 1/sqrt(dh).
+   out: [B][H][Sq][dh] (MHA_LAYOUT_BHSD) or heads merged [B][Sq][H*dh] (MHA_LAYOUT_BSHD).
+   mask may be NULL. Extra memory is a few tiles per thread, independent of Sq and Skv. */
+typedef struct mha_attn_dims {
+    int32_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
+} mha_attn_dims;
+MHA_API mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float *k,
+                                 const float *v, float scale, const mha_mask *mask, float *out,
+                                 mha_layout out_layout);
+
+/* A layer owns pre-packed weights; weights use nn.Linear's [out][in] layout. */
+typedef struct mha_layer_desc {
+    int32_t heads, kv_heads, head_dim; /* kv_heads 0 means heads */
+    int32_t q_in, k_in, v_in;          /* input widths; k_in 0 means q_in, v_in 0 means k_in */
+    int32_t out_dim;                   /* 0: no output projection (result is merged heads) */
+    const float *w_q, *w_k, *w_v;      /* [heads*dh][q_in], [kv_heads*dh][k_in], [kv_heads*dh][v_in] */
+    const float *b_q, *b_k, *b_v;      /* NULL: no bias */
+    const float *w_o, *b_o;            /* [out_dim][heads*dh], [out_dim]; ignored when out_dim is 0 */
+} mha_layer_desc;
+typedef struct mha_layer mha_layer;
+
+/* Packs the weights (for every ISA this CPU has) and copies the biases: desc and
+   its arrays may be freed afterwards. *out is written only on MHA_OK. */
+MHA_API mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out);
+MHA_API void mha_layer_destroy(mha_layer *layer); /* NULL is fine */
+
+/* Kernel 1: fused QKV projection into head-major q [B][H][Sq][dh], k, v [B][Hkv][Skv][dh].
+   When key == query and value == query (self-attention) it is one GEMM over the packed
+   [Wq;Wk;Wv]; when value == key it fuses K and V. query is [B][Sq][q_in], key
+   [B][Skv][k_in], value [B][Skv][v_in]. */
+MHA_API mha_status mha_qkv_project(const mha_layer *layer, const float *query, const float *key,
+                                   const float *value, int32_t batch, int32_t seq_q, int32_t seq_kv,
+                                   float *q, float *k, float *v);
+
+/* The whole layer: out is [B][Sq][out_dim] (or [B][Sq][heads*dh] when out_dim is 0),
+   with scale 1/sqrt(head_dim). key and value may equal query (self-attention).
+   workspace may be NULL (the library allocates); otherwise it must hold at least
+   mha_layer_workspace_size(...) bytes (less is MHA_ERR_ARG) and the call allocates
+   nothing. mha_layer_workspace_size returns 0 for a NULL layer or invalid sizes. */
+MHA_API size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q,
+                                        int32_t seq_kv);
+MHA_API mha_status mha_layer_forward(const mha_layer *layer, const float *query, const float *key,
+                                     const float *value, int32_t batch, int32_t seq_q,
+                                     int32_t seq_kv, const mha_mask *mask, float *out,
+                                     void *workspace, size_t workspace_size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,382 @@
+/* Public entry points: argument checks (all before any write), the layer's
+ * packed weights and workspace, and the calls into the drivers. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MHA_ALIGN 64
+
+const char *mha_version(void)
+{
+    return MHA_VERSION;
+}
+
+const char *mha_status_str(mha_status s)
+{
+    switch (s) {
+    case MHA_OK:
+        return "success";
+    case MHA_ERR_ARG:
+        return "invalid argument (NULL pointer, value out of range or workspace too small)";
+    case MHA_ERR_SHAPE:
+        return "invalid shape (dimension <= 0, heads not dividing, or size overflow)";
+    case MHA_ERR_MASK:
+        return "invalid mask (length outside [0, seq_kv] or negative stride)";
+    case MHA_ERR_UNSUPPORTED:
+        return "ISA not built into this library or not supported by this CPU";
+    case MHA_ERR_NOMEM:
+        return "out of memory";
+    }
+    return "unknown status";
+}
+
+/* *acc *= x for positive factors; 0 when the product leaves [1, INT64_MAX / 4],
+ * so that any count of floats (and its bytes) also fits in size_t and ptrdiff_t. */
+static int mul_ok(int64_t *acc, int64_t x)
+{
+    const int64_t limit = (int64_t)(PTRDIFF_MAX < INT64_MAX ? PTRDIFF_MAX : INT64_MAX) / 4;
+    if (x <= 0 || *acc > limit / x)
+        return 0;
+    *acc *= x;
+    return 1;
+}
+
+/* Number of floats in a tensor of the given positive dims, or -1 on overflow. */
+static int64_t count(int n, const int32_t *dims)
+{
+    int64_t c = 1;
+    for (int i = 0; i < n; i++)
+        if (!mul_ok(&c, dims[i]))
+            return -1;
+    return c;
+}
+
+#define COUNT(...) count(sizeof((int32_t[]){__VA_ARGS__}) / sizeof(int32_t), (int32_t[]){__VA_ARGS__})
+
+static mha_status check_dims(const mha_attn_dims *d)
+{
+    if (d->batch <= 0 || d->heads <= 0 || d->kv_heads <= 0 || d->seq_q <= 0 || d->seq_kv <= 0
+        || d->head_dim <= 0 || d->heads % d->kv_heads != 0)
+        return MHA_ERR_SHAPE;
+    if (COUNT(d->batch, d->heads, d->seq_q, d->head_dim) < 0
+        || COUNT(d->batch, d->kv_heads, d->seq_kv, d->head_dim) < 0
+        || COUNT(d->batch, d->seq_q, d->seq_kv) < 0)
+        return MHA_ERR_SHAPE;
+    return MHA_OK;
+}
+
+static mha_status check_mask(const mha_mask *m, const mha_attn_dims *d)
+{
+    if (!m)
+        return MHA_OK;
+    if (m->key_lens)
+        for (int32_t b = 0; b < d->batch; b++)
+            if (m->key_lens[b] < 0 || m->key_lens[b] > d->seq_kv)
+                return MHA_ERR_MASK;
+    if (m->query_key_lens)
+        for (int64_t i = 0; i < (int64_t)d->batch * d->seq_q; i++)
+            if (m->query_key_lens[i] < 0 || m->query_key_lens[i] > d->seq_kv)
+                return MHA_ERR_MASK;
+    if (m->bias) {
+        if (m->bias_stride_b < 0 || m->bias_stride_h < 0 || m->bias_stride_q < 0)
+            return MHA_ERR_MASK;
+        /* The largest index read must be representable. */
+        const int64_t strides[3] = {m->bias_stride_b, m->bias_stride_h, m->bias_stride_q};
+        const int32_t extents[3] = {d->batch, d->heads, d->seq_q};
+        int64_t last = d->seq_kv - 1, term;
+        for (int i = 0; i < 3; i++)
+            if (__builtin_mul_overflow(strides[i], (int64_t)extents[i] - 1, &term)
+                || __builtin_add_overflow(last, term, &last) || last > PTRDIFF_MAX / 4)
+                return MHA_ERR_MASK;
+    }
+    return MHA_OK;
+}
+
+mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float *k, const float *v,
+                         float scale, const mha_mask *mask, float *out, mha_layout out_layout)
+{
+    if (!dims || !q || !k || !v || !out)
+        return MHA_ERR_ARG;
+    if (out_layout != MHA_LAYOUT_BHSD && out_layout != MHA_LAYOUT_BSHD)
+        return MHA_ERR_ARG;
+    mha_status st = check_dims(dims);
+    if (st == MHA_OK)
+        st = check_mask(mask, dims);
+    if (st != MHA_OK)
+        return st;
+    mha_attention_run(mha_kernels_active(), dims, q, k, v, scale, mask, out, out_layout);
+    return MHA_OK;
+}
+
+static mha_status heads_transpose(float *x, int32_t batch, int32_t seq, int32_t heads,
+                                  int32_t head_dim, int split)
+{
+    if (!x)
+        return MHA_ERR_ARG;
+    if (batch <= 0 || seq <= 0 || heads <= 0 || head_dim <= 0
+        || COUNT(batch, seq, heads, head_dim) < 0)
+        return MHA_ERR_SHAPE;
+    if (heads == 1 || seq == 1)
+        return MHA_OK; /* the permutation is the identity */
+    return mha_transpose_run(mha_kernels_active(), x, batch, split ? seq : heads,
+                             split ? heads : seq, head_dim);
+}
+
+mha_status mha_heads_split(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim)
+{
+    return heads_transpose(x, batch, seq, heads, head_dim, 1);
+}
+
+mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim)
+{
+    return heads_transpose(x, batch, seq, heads, head_dim, 0);
+}
+
+/* ---- layer ---- */
+
+struct mha_layer {
+    int32_t heads, kv_heads, head_dim, q_in, k_in, v_in, out_dim;
+    float *b_q, *b_k, *b_v, *b_o;
+    /* Per ISA available here: Wq, Wk and Wv packed one after another (each padded
+       to whole panels), and Wo. */
+    float *w_qkv[MHA_ISA_COUNT];
+    size_t off_k[MHA_ISA_COUNT], off_v[MHA_ISA_COUNT];
+    float *w_o[MHA_ISA_COUNT];
+};
+
+static float *copy_floats(const float *src, int64_t n, int *failed)
+{
+    if (!src)
+        return NULL;
+    float *dst = malloc((size_t)n * sizeof(float));
+    if (!dst) {
+        *failed = 1;
+        return NULL;
+    }
+    memcpy(dst, src, (size_t)n * sizeof(float));
+    return dst;
+}
+
+void mha_layer_destroy(mha_layer *layer)
+{
+    if (!layer)
+        return;
+    for (int i = 0; i < MHA_ISA_COUNT; i++) {
+        free(layer->w_qkv[i]);
+        free(layer->w_o[i]);
+    }
+    free(layer->b_q);
+    free(layer->b_k);
+    free(layer->b_v);
+    free(layer->b_o);
+    free(layer);
+}
+
+mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out)
+{
+    if (!desc || !out || !desc->w_q || !desc->w_k || !desc->w_v)
+        return MHA_ERR_ARG;
+    const int32_t heads = desc->heads, dh = desc->head_dim, out_dim = desc->out_dim;
+    const int32_t kv_heads = desc->kv_heads ? desc->kv_heads : heads;
+    const int32_t q_in = desc->q_in, k_in = desc->k_in ? desc->k_in : q_in;
+    const int32_t v_in = desc->v_in ? desc->v_in : k_in;
+    if (heads <= 0 || kv_heads <= 0 || dh <= 0 || q_in <= 0 || k_in <= 0 || v_in <= 0
+        || out_dim < 0 || desc->kv_heads < 0 || desc->k_in < 0 || desc->v_in < 0
+        || heads % kv_heads != 0)
+        return MHA_ERR_SHAPE;
+    if (out_dim > 0 && !desc->w_o)
+        return MHA_ERR_ARG;
+    const int32_t nq = heads * dh, nkv = kv_heads * dh; /* checked just below */
+    /* Widths stay int32 even when padded to whole panels. */
+    const int64_t nq_padded = COUNT(heads, dh, 64);
+    if (nq_padded < 0 || nq_padded > INT32_MAX || COUNT(out_dim > 0 ? out_dim : 1, 64) > INT32_MAX
+        || COUNT(heads, dh, q_in) < 0 || COUNT(kv_heads, dh, k_in) < 0
+        || COUNT(kv_heads, dh, v_in) < 0 || (out_dim > 0 && COUNT(out_dim, heads, dh) < 0))
+        return MHA_ERR_SHAPE;
+
+    mha_layer *L = calloc(1, sizeof *L);
+    if (!L)
+        return MHA_ERR_NOMEM;
+    *L = (mha_layer){.heads = heads, .kv_heads = kv_heads, .head_dim = dh, .q_in = q_in,
+                     .k_in = k_in, .v_in = v_in, .out_dim = out_dim};
+    int failed = 0;
+    L->b_q = copy_floats(desc->b_q, nq, &failed);
+    L->b_k = copy_floats(desc->b_k, nkv, &failed);
+    L->b_v = copy_floats(desc->b_v, nkv, &failed);
+    if (out_dim > 0)
+        L->b_o = copy_floats(desc->b_o, out_dim, &failed);
+
+    for (int i = 0; i < MHA_ISA_COUNT && !failed; i++) {
+        const mha_kernels *kt = mha_kernels_for((mha_isa)i);
+        if (!kt)
+            continue;
+        const int32_t nr = kt->gemm_nr;
+        const size_t fq = mha_packed_floats(nq, q_in, nr), fk = mha_packed_floats(nkv, k_in, nr);
+        const size_t fv = mha_packed_floats(nkv, v_in, nr);
+        L->w_qkv[i] = malloc((fq + fk + fv) * sizeof(float));
+        if (!L->w_qkv[i]) {
+            failed = 1;
+            break;
+        }
+        L->off_k[i] = fq;
+        L->off_v[i] = fq + fk;
+        mha_pack_weights(desc->w_q, nq, q_in, nr, L->w_qkv[i]);
+        mha_pack_weights(desc->w_k, nkv, k_in, nr, L->w_qkv[i] + fq);
+        mha_pack_weights(desc->w_v, nkv, v_in, nr, L->w_qkv[i] + fq + fk);
+        if (out_dim > 0) {
+            L->w_o[i] = malloc(mha_packed_floats(out_dim, nq, nr) * sizeof(float));
+            if (!L->w_o[i]) {
+                failed = 1;
+                break;
+            }
+            mha_pack_weights(desc->w_o, out_dim, nq, nr, L->w_o[i]);
+        }
+    }
+    if (failed) {
+        mha_layer_destroy(L);
+        return MHA_ERR_NOMEM;
+    }
+    *out = L;
+    return MHA_OK;
+}
+
+/* Head-major destination [B][heads][seq][dh] of a projection. */
+static mha_gemm_seg head_major(const float *w, const float *bias, float *dst, int32_t heads,
+                               int32_t seq, int32_t dh)
+{
+    return (mha_gemm_seg){.w = w, .bias = bias, .n = heads * dh, .dst = dst, .rows = seq,
+                          .cols = dh, .batch_stride = (int64_t)heads * seq * dh,
+                          .row_stride = dh, .block_stride = (int64_t)seq * dh};
+}
+
+static void qkv_run(const mha_kernels *kt, const mha_layer *L, const float *query,
+                    const float *key, const float *value, int32_t batch, int32_t seq_q,
+                    int32_t seq_kv, float *q, float *k, float *v)
+{
+    const int isa = kt->isa;
+    const float *w = L->w_qkv[isa];
+    mha_gemm_seg segs[3] = {
+        head_major(w, L->b_q, q, L->heads, seq_q, L->head_dim),
+        head_major(w + L->off_k[isa], L->b_k, k, L->kv_heads, seq_kv, L->head_dim),
+        head_major(w + L->off_v[isa], L->b_v, v, L->kv_heads, seq_kv, L->head_dim),
+    };
+    const int kv_fused = value == key && L->k_in == L->v_in;
+    if (kv_fused && key == query && L->q_in == L->k_in && seq_q == seq_kv) {
+        mha_gemm_run(kt, (int64_t)batch * seq_q, L->q_in, query, L->q_in, segs, 3);
+        return;
+    }
+    mha_gemm_run(kt, (int64_t)batch * seq_q, L->q_in, query, L->q_in, segs, 1);
+    if (kv_fused) {
+        mha_gemm_run(kt, (int64_t)batch * seq_kv, L->k_in, key, L->k_in, segs + 1, 2);
+    } else {
+        mha_gemm_run(kt, (int64_t)batch * seq_kv, L->k_in, key, L->k_in, segs + 1, 1);
+        mha_gemm_run(kt, (int64_t)batch * seq_kv, L->v_in, value, L->v_in, segs + 2, 1);
+    }
+}
+
+/* Float counts of a forward pass's intermediates, or 0 on a bad shape. */
+typedef struct fwd_sizes {
+    int64_t q, kv, merged;
+} fwd_sizes;
+
+static mha_status forward_sizes(const mha_layer *L, int32_t batch, int32_t seq_q, int32_t seq_kv,
+                                fwd_sizes *s)
+{
+    if (batch <= 0 || seq_q <= 0 || seq_kv <= 0)
+        return MHA_ERR_SHAPE;
+    s->q = COUNT(batch, seq_q, L->heads, L->head_dim);
+    s->kv = COUNT(batch, seq_kv, L->kv_heads, L->head_dim);
+    s->merged = L->out_dim > 0 ? s->q : 0;
+    if (s->q < 0 || s->kv < 0 || COUNT(batch, seq_q, L->out_dim > 0 ? L->out_dim : 1) < 0
+        || COUNT(batch, seq_q, L->q_in) < 0 || COUNT(batch, seq_kv, L->k_in) < 0
+        || COUNT(batch, seq_kv, L->v_in) < 0 || COUNT(batch, seq_q, seq_kv) < 0)
+        return MHA_ERR_SHAPE;
+    return MHA_OK;
+}
+
+static size_t aligned_bytes(int64_t floats)
+{
+    return ((size_t)floats * sizeof(float) + MHA_ALIGN - 1) / MHA_ALIGN * MHA_ALIGN;
+}
+
+static size_t workspace_bytes(const fwd_sizes *s)
+{
+    return MHA_ALIGN + aligned_bytes(s->q) + 2 * aligned_bytes(s->kv) + aligned_bytes(s->merged);
+}
+
+size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q,
+                                int32_t seq_kv)
+{
+    fwd_sizes s;
+    if (!layer || forward_sizes(layer, batch, seq_q, seq_kv, &s) != MHA_OK)
+        return 0;
+    return workspace_bytes(&s);
+}
+
+mha_status mha_qkv_project(const mha_layer *layer, const float *query, const float *key,
+                           const float *value, int32_t batch, int32_t seq_q, int32_t seq_kv,
+                           float *q, float *k, float *v)
+{
+    if (!layer || !query || !key || !value || !q || !k || !v)
+        return MHA_ERR_ARG;
+    fwd_sizes s;
+    mha_status st = forward_sizes(layer, batch, seq_q, seq_kv, &s);
+    if (st != MHA_OK)
+        return st;
+    qkv_run(mha_kernels_active(), layer, query, key, value, batch, seq_q, seq_kv, q, k, v);
+    return MHA_OK;
+}
+
+mha_status mha_layer_forward(const mha_layer *layer, const float *query, const float *key,
+                             const float *value, int32_t batch, int32_t seq_q, int32_t seq_kv,
+                             const mha_mask *mask, float *out, void *workspace,
+                             size_t workspace_size)
+{
+    if (!layer || !query || !key || !value || !out)
+        return MHA_ERR_ARG;
+    fwd_sizes s;
+    mha_status st = forward_sizes(layer, batch, seq_q, seq_kv, &s);
+    if (st != MHA_OK)
+        return st;
+    const mha_attn_dims dims = {batch, layer->heads, layer->kv_heads, seq_q, seq_kv,
+                                layer->head_dim};
+    st = check_mask(mask, &dims);
+    if (st != MHA_OK)
+        return st;
+    const size_t need = workspace_bytes(&s);
+    if (workspace && workspace_size < need)
+        return MHA_ERR_ARG;
+    void *owned = NULL;
+    if (!workspace) {
+        owned = workspace = malloc(need);
+        if (!owned)
+            return MHA_ERR_NOMEM;
+    }
+
+    char *base = (char *)(((uintptr_t)workspace + MHA_ALIGN - 1) & ~(uintptr_t)(MHA_ALIGN - 1));
+    float *q = (float *)base;
+    float *k = (float *)(base + aligned_bytes(s.q));
+    float *v = (float *)((char *)k + aligned_bytes(s.kv));
+    float *merged = (float *)((char *)v + aligned_bytes(s.kv));
+
+    const mha_kernels *kt = mha_kernels_active();
+    qkv_run(kt, layer, query, key, value, batch, seq_q, seq_kv, q, k, v);
+    const float scale = 1.0f / sqrtf((float)layer->head_dim);
+    if (layer->out_dim == 0) {
+        mha_attention_run(kt, &dims, q, k, v, scale, mask, out, MHA_LAYOUT_BSHD);
+    } else {
+        mha_attention_run(kt, &dims, q, k, v, scale, mask, merged, MHA_LAYOUT_BSHD);
+        const int32_t nq = layer->heads * layer->head_dim;
+        const mha_gemm_seg seg = {.w = layer->w_o[kt->isa], .bias = layer->b_o,
+                                  .n = layer->out_dim, .dst = out, .rows = seq_q,
+                                  .cols = layer->out_dim,
+                                  .batch_stride = (int64_t)seq_q * layer->out_dim,
+                                  .row_stride = layer->out_dim};
+        mha_gemm_run(kt, (int64_t)batch * seq_q, nq, merged, nq, &seg, 1);
+    }
+    free(owned);
+    return MHA_OK;
+}

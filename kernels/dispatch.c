@@ -1,0 +1,90 @@
+/* Chooses the kernel table once: MHA_ISA if it names an available ISA, else the
+ * best available. The choice lives in one atomic pointer, so mha_isa_force may
+ * race with running calls: each call reads the pointer once and keeps it. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static _Atomic(const mha_kernels *) active_table;
+
+const mha_kernels *mha_kernels_for(mha_isa isa)
+{
+    if (!mha_cpu_supports(isa))
+        return NULL;
+    switch (isa) {
+    case MHA_ISA_SCALAR:
+        return &mha_kernels_scalar;
+    case MHA_ISA_AVX2:
+#if defined(MHA_HAVE_AVX2)
+        return &mha_kernels_avx2;
+#else
+        return NULL;
+#endif
+    case MHA_ISA_NEON:
+#if defined(MHA_HAVE_NEON)
+        return &mha_kernels_neon;
+#else
+        return NULL;
+#endif
+    }
+    return NULL;
+}
+
+static const mha_kernels *initial_table(void)
+{
+    const char *env = getenv("MHA_ISA");
+    for (int i = 0; env && i < MHA_ISA_COUNT; i++)
+        if (strcmp(env, mha_isa_name((mha_isa)i)) == 0 && mha_kernels_for((mha_isa)i))
+            return mha_kernels_for((mha_isa)i);
+    for (int i = MHA_ISA_COUNT - 1; i >= 0; i--)
+        if (mha_kernels_for((mha_isa)i))
+            return mha_kernels_for((mha_isa)i);
+    return &mha_kernels_scalar;
+}
+
+const mha_kernels *mha_kernels_active(void)
+{
+    const mha_kernels *kt = atomic_load_explicit(&active_table, memory_order_acquire);
+    if (kt)
+        return kt;
+    const mha_kernels *expected = NULL;
+    kt = initial_table();
+    if (atomic_compare_exchange_strong_explicit(&active_table, &expected, kt,
+                                                memory_order_acq_rel, memory_order_acquire))
+        return kt;
+    return expected;
+}
+
+mha_isa mha_isa_active(void)
+{
+    return mha_kernels_active()->isa;
+}
+
+int mha_isa_available(mha_isa isa)
+{
+    return mha_kernels_for(isa) != NULL;
+}
+
+mha_status mha_isa_force(mha_isa isa)
+{
+    const mha_kernels *kt = mha_kernels_for(isa);
+    if (!kt)
+        return MHA_ERR_UNSUPPORTED;
+    atomic_store_explicit(&active_table, kt, memory_order_release);
+    return MHA_OK;
+}
+
+const char *mha_isa_name(mha_isa isa)
+{
+    switch (isa) {
+    case MHA_ISA_SCALAR:
+        return "scalar";
+    case MHA_ISA_AVX2:
+        return "avx2";
+    case MHA_ISA_NEON:
+        return "neon";
+    }
+    return "unknown";
+}

@@ -1,0 +1,140 @@
+/* The kernel table: every kernel's contract in one place.
+ *
+ * Drivers (api.c, drivers.c) own the loops over batch, heads and blocks and the
+ * OpenMP pragmas; kernels own the tiles. Each ISA fills one mha_kernels table
+ * (kernels/<isa>/table.c) and dispatch.c picks one at first use.
+ */
+#ifndef MHA_INTERNAL_H
+#define MHA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mha.h"
+
+#define MHA_ISA_COUNT 3
+
+/* Packed weights for a GEMM with nn.Linear's W [n][k]: panels of nr output
+ * columns, panel p holding W[p*nr + j][kk] at w[(p*k + kk)*nr + j], columns
+ * past n zero-filled. With nr = 1 this is W itself. */
+static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
+{
+    return (size_t)((n + nr - 1) / nr) * (size_t)nr * (size_t)k;
+}
+
+/* One attention block: `rows` query rows of one (b, h) against all keys of its
+ * kv head. Row r reads q + r*q_stride (head_dim floats), sees keys j < kv_end[r]
+ * (0 <= kv_end[r] <= seq_kv) with the additive bias (bias + r*bias_stride)[j]
+ * when bias is not NULL, and writes
+ *     out[r] = sum_j p_j v_j,  p = softmax_j(scale * q[r].k[j] + bias[r][j])
+ * at out + r*out_stride. A row with no visible key (kv_end 0, or every visible
+ * bias -INFINITY) gets zeros. k and v are [seq_kv][head_dim], contiguous.
+ * Each row's result must not depend on the other rows of the block, so that
+ * blocking (and thus the thread count) never changes a bit of the output. */
+typedef struct mha_attn_block {
+    int32_t rows, seq_kv, head_dim;
+    const float *q;
+    int64_t q_stride;
+    const float *k, *v;
+    const int32_t *kv_end;
+    const float *bias;
+    int64_t bias_stride;
+    float scale;
+    float *out;
+    int64_t out_stride;
+} mha_attn_block;
+
+typedef struct mha_kernels {
+    mha_isa isa;
+
+    /* GEMM microkernel: tile[i][j] = sum_{kk < kc} a[i*lda + kk] * w[kk*gemm_nr + j]
+     * for i < gemm_mr, j < gemm_nr, written to tile (gemm_mr x gemm_nr, row-major,
+     * overwritten). Rows i >= mr (1 <= mr <= gemm_mr) must not read a past row
+     * mr-1: they may repeat row mr-1 or hold anything. kc >= 1; w is a packed
+     * panel (see mha_packed_floats) advanced to the block's first k. */
+    int32_t gemm_mr, gemm_nr;
+    void (*gemm_tile)(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
+                      float *tile);
+
+    /* Attention: the driver hands blocks of at most attn_block_rows rows. */
+    int32_t attn_block_rows;
+    void (*attn_block)(const mha_attn_block *blk);
+
+    /* In-place transpose of a rows x cols matrix whose elements are `elem`
+     * contiguous floats (one batch of a head split or merge). scratch holds
+     * transpose_scratch_bytes(rows, cols, elem) bytes, 64-byte aligned, owned
+     * by the calling thread. */
+    size_t (*transpose_scratch_bytes)(int32_t rows, int32_t cols, int32_t elem);
+    void (*transpose)(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+} mha_kernels;
+
+/* The kernels of each ISA, named <what>__<isa>; their tables are in <isa>/table.c. */
+void mha_gemm_1x1__scalar(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
+                          float *tile);
+void mha_attn_block__scalar(const mha_attn_block *blk);
+size_t mha_transpose_scratch_bytes__scalar(int32_t rows, int32_t cols, int32_t elem);
+void mha_transpose__scalar(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+
+void mha_gemm_6x16__avx2(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
+                         float *tile);
+void mha_attn_block__avx2(const mha_attn_block *blk);
+size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t elem);
+void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+/* y[i] = exp(x[i]) for x[i] <= 0 (the softmax range), n >= 0; error bound in attention.c. */
+void mha_exp_array__avx2(const float *x, float *y, int64_t n);
+
+void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
+                         float *tile);
+void mha_attn_block__neon(const mha_attn_block *blk);
+size_t mha_transpose_scratch_bytes__neon(int32_t rows, int32_t cols, int32_t elem);
+void mha_transpose__neon(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+void mha_exp_array__neon(const float *x, float *y, int64_t n);
+
+extern const mha_kernels mha_kernels_scalar;
+#if defined(MHA_HAVE_AVX2)
+extern const mha_kernels mha_kernels_avx2;
+#endif
+#if defined(MHA_HAVE_NEON)
+extern const mha_kernels mha_kernels_neon;
+#endif
+
+/* cpu.c: does this CPU (and OS) support the ISA? Scalar is always supported. */
+int mha_cpu_supports(mha_isa isa);
+/* dispatch.c: the table of an ISA built in and supported here, else NULL. */
+const mha_kernels *mha_kernels_for(mha_isa isa);
+/* dispatch.c: the table calls use now (chosen once, thread-safely). */
+const mha_kernels *mha_kernels_active(void);
+
+/* Destination of a GEMM segment: element (m, c) of the m x n result goes to
+ *   dst + (m / rows)*batch_stride + (m % rows)*row_stride
+ *       + (c / cols)*block_stride + (c % cols)
+ * which covers both a plain row-major matrix (rows = cols = large, strides 0)
+ * and head-major [B][H][S][dh] (rows = S, cols = dh). */
+typedef struct mha_gemm_seg {
+    const float *w;    /* packed for the table's gemm_nr */
+    const float *bias; /* [n] or NULL */
+    int32_t n;
+    float *dst;
+    int32_t rows, cols;
+    int64_t batch_stride, row_stride, block_stride;
+} mha_gemm_seg;
+
+/* drivers.c: C = A W^T + bias for every segment, A being m x k with row stride
+ * lda; one parallel loop over the tiles of all segments. */
+void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
+                  const mha_gemm_seg *segs, int nsegs);
+
+/* drivers.c: the attention over all (b, h) with checked arguments. */
+void mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const float *q,
+                       const float *k, const float *v, float scale, const mha_mask *mask,
+                       float *out, mha_layout layout);
+
+/* drivers.c: per-batch in-place transpose of rows x cols elements of elem floats;
+ * MHA_ERR_NOMEM (x untouched) when the per-thread scratch cannot be allocated. */
+mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int32_t rows,
+                             int32_t cols, int32_t elem);
+
+/* Packs W [n][k] into panels of nr columns (see mha_packed_floats). */
+void mha_pack_weights(const float *w, int32_t n, int32_t k, int32_t nr, float *packed);
+
+#endif
