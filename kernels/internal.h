@@ -1,6 +1,6 @@
 /* The kernel table: every kernel's contract in one place.
  *
- * Drivers (api.c, drivers.c) own the loops over batch, heads and blocks and the
+ * Drivers (api.c, drive_*.c) own the loops over batch, heads and blocks and the
  * OpenMP pragmas; kernels own the tiles. Each ISA fills one mha_kernels table
  * (kernels/<isa>/table.c) and dispatch.c picks one at first use.
  */
@@ -119,17 +119,17 @@ typedef struct mha_gemm_seg {
     int64_t batch_stride, row_stride, block_stride;
 } mha_gemm_seg;
 
-/* drivers.c: C = A W^T + bias for every segment, A being m x k with row stride
+/* drive_gemm.c: C = A W^T + bias for every segment, A being m x k with row stride
  * lda; one parallel loop over the tiles of all segments. */
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs);
 
-/* drivers.c: the attention over all (b, h) with checked arguments. */
+/* drive_attention.c: the attention over all (b, h) with checked arguments. */
 void mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const float *q,
                        const float *k, const float *v, float scale, const mha_mask *mask,
                        float *out, mha_layout layout);
 
-/* drivers.c: per-batch in-place transpose of rows x cols elements of elem floats;
+/* drive_transpose.c: per-batch in-place transpose of rows x cols elements of elem floats;
  * MHA_ERR_NOMEM (x untouched) when the per-thread scratch cannot be allocated. */
 mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int32_t rows,
                              int32_t cols, int32_t elem);

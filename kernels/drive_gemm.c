@@ -1,0 +1,102 @@
+/* GEMM driver: C = A W^T + bias over packed W, tiled for the kernel table's
+ * microkernel, with an epilogue that adds the bias and scatters each tile to its
+ * segment's destination (row-major or head-major). Every element is computed by
+ * one thread in a k order fixed by the shapes alone, so the result is bitwise
+ * the same for any thread count. */
+#include "internal.h"
+
+enum {
+    GEMM_KC_MAX = 1024,     /* k is split into equal blocks of at most this many */
+    GEMM_MC = 96,           /* rows of A per work item (rounded to gemm_mr) */
+    GEMM_W_BYTES = 1 << 18, /* packed W per work item, sized for L2 */
+    TILE_MAX = 512,         /* gemm_mr * gemm_nr of any table */
+};
+
+void mha_pack_weights(const float *w, int32_t n, int32_t k, int32_t nr, float *packed)
+{
+    const int32_t panels = (n + nr - 1) / nr;
+    for (int32_t p = 0; p < panels; p++) {
+        float *dst = packed + (size_t)p * (size_t)k * (size_t)nr;
+        for (int32_t kk = 0; kk < k; kk++)
+            for (int32_t j = 0; j < nr; j++) {
+                int32_t c = p * nr + j;
+                dst[(size_t)kk * nr + j] = c < n ? w[(size_t)c * k + kk] : 0.0f;
+            }
+    }
+}
+
+static int64_t dst_offset_row(const mha_gemm_seg *s, int64_t m)
+{
+    return (int64_t)(m / s->rows) * s->batch_stride + (int64_t)(m % s->rows) * s->row_stride;
+}
+
+static int64_t dst_offset_col(const mha_gemm_seg *s, int32_t c)
+{
+    return (int64_t)(c / s->cols) * s->block_stride + c % s->cols;
+}
+
+/* The first k block stores tile + bias, later blocks add their tile. */
+static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t c0, int32_t nc,
+                          int32_t nr, const float *tile, int first)
+{
+    int64_t coff[TILE_MAX];
+    for (int32_t j = 0; j < nc; j++)
+        coff[j] = dst_offset_col(s, c0 + j);
+    for (int32_t i = 0; i < mr; i++) {
+        float *row = s->dst + dst_offset_row(s, m0 + i);
+        const float *t = tile + (size_t)i * nr;
+        if (first)
+            for (int32_t j = 0; j < nc; j++)
+                row[coff[j]] = (s->bias ? s->bias[c0 + j] : 0.0f) + t[j];
+        else
+            for (int32_t j = 0; j < nc; j++)
+                row[coff[j]] += t[j];
+    }
+}
+
+void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
+                  const mha_gemm_seg *segs, int nsegs)
+{
+    const int32_t mr = kt->gemm_mr, nr = kt->gemm_nr;
+    const int32_t mc = (GEMM_MC + mr - 1) / mr * mr;
+    const int32_t kblocks = (k + GEMM_KC_MAX - 1) / GEMM_KC_MAX;
+    const int32_t kc = (k + kblocks - 1) / kblocks;
+
+    /* Panels of all segments in one index space: panel_start[s] is the first of segment s. */
+    int64_t panel_start[4] = {0};
+    for (int s = 0; s < nsegs; s++)
+        panel_start[s + 1] = panel_start[s] + (segs[s].n + nr - 1) / nr;
+    const int64_t panels = panel_start[nsegs];
+    const int64_t panel_bytes = (int64_t)k * nr * (int64_t)sizeof(float);
+    const int64_t group = panel_bytes >= GEMM_W_BYTES ? 1 : GEMM_W_BYTES / panel_bytes;
+    const int64_t groups = (panels + group - 1) / group;
+    const int64_t mblocks = (m + mc - 1) / mc;
+    const int64_t items = mblocks * groups;
+
+#pragma omp parallel for schedule(static)
+    for (int64_t item = 0; item < items; item++) {
+        float tile[TILE_MAX];
+        const int64_t m_begin = item / groups * mc;
+        const int64_t m_end = m_begin + mc < m ? m_begin + mc : m;
+        const int64_t p_begin = item % groups * group;
+        const int64_t p_end = p_begin + group < panels ? p_begin + group : panels;
+        for (int32_t k0 = 0; k0 < k; k0 += kc) {
+            const int32_t kcur = k - k0 < kc ? k - k0 : kc;
+            int s = 0;
+            for (int64_t p = p_begin; p < p_end; p++) {
+                while (p >= panel_start[s + 1])
+                    s++;
+                const mha_gemm_seg *seg = &segs[s];
+                const int32_t c0 = (int32_t)(p - panel_start[s]) * nr;
+                const int32_t nc = seg->n - c0 < nr ? seg->n - c0 : nr;
+                const float *w = seg->w + (size_t)(c0 / nr) * (size_t)panel_bytes / sizeof(float)
+                                 + (size_t)k0 * nr;
+                for (int64_t m0 = m_begin; m0 < m_end; m0 += mr) {
+                    const int32_t mcur = (int32_t)(m_end - m0 < mr ? m_end - m0 : mr);
+                    kt->gemm_tile(mcur, kcur, a + m0 * lda + k0, lda, w, tile);
+                    gemm_epilogue(seg, m0, mcur, c0, nc, nr, tile, k0 == 0);
+                }
+            }
+        }
+    }
+}
