@@ -1,0 +1,51 @@
+/* Shared helpers of the cmocka suites: deterministic data, a float64 reference
+ * written straight from the math, tolerance checks and the ISA chosen by MHA_ISA. */
+#ifndef MHA_TESTS_COMMON_H
+#define MHA_TESTS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mha.h"
+
+/* Tolerances of SPEC.md: optimized ISA vs scalar, scalar vs float64. */
+#define TOL_ISA 1e-5
+#define TOL_REF 2e-5
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+float rng_uniform(rng *r, float lo, float hi);
+float *rand_floats(rng *r, int64_t n, float lo, float hi); /* malloc'd; never NULL */
+float *filled_floats(int64_t n, float value);              /* malloc'd; never NULL */
+
+/* Max over i of |a-r| / (atol + rtol*|r|): <= 1 means within tolerance; NaN in
+   either operand where the other is not NaN counts as a failure (returns inf). */
+double tol_ratio(const float *a, const double *r, int64_t n, double tol);
+double tol_ratio_f(const float *a, const float *r, int64_t n, double tol);
+double max_abs_err(const float *a, const float *r, int64_t n);
+
+/* Reads MHA_ISA: exits 77 (skip) when it names an ISA this CPU lacks, so that
+   the suite registered once per ISA skips where that ISA cannot run. */
+void require_env_isa(void);
+
+/* float64 attention: q [B][H][Sq][dh], k, v [B][Hkv][Skv][dh]; out in layout. */
+void ref_attention(const mha_attn_dims *d, const float *q, const float *k, const float *v,
+                   double scale, const mha_mask *mask, double *out, mha_layout layout);
+
+/* A layer's weights kept by the test, for the float64 reference. */
+typedef struct test_layer {
+    mha_layer_desc desc;
+    int32_t kv_heads, k_in, v_in;
+    float *w_q, *w_k, *w_v, *b_q, *b_k, *b_v, *w_o, *b_o;
+    mha_layer *layer;
+} test_layer;
+/* Random weights ~ U(-1/sqrt(in), 1/sqrt(in)); biases when with_bias. */
+void test_layer_init(test_layer *t, rng *r, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                     int32_t q_in, int32_t k_in, int32_t v_in, int32_t out_dim, int with_bias);
+void test_layer_free(test_layer *t);
+/* float64 whole layer; out [B][Sq][out_dim or heads*dh]. */
+void ref_layer(const test_layer *t, const float *query, const float *key, const float *value,
+               int32_t batch, int32_t seq_q, int32_t seq_kv, const mha_mask *mask, double *out);
+
+#endif

@@ -1,0 +1,233 @@
+/* Every entry point with each class of bad argument: the documented status, and
+ * output buffers (filled with a canary) left untouched. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common.h"
+
+#define CANARY 0x5a
+enum { B = 2, H = 4, HKV = 2, SQ = 3, SKV = 5, DH = 8, E = 32, NQ = B * H * SQ * DH,
+       NKV = B * HKV * SKV * DH };
+
+static float q[NQ], k[NKV], v[NKV], x[B * SKV * E], out[NQ * 4];
+static float out2[NKV], out3[NKV];
+
+static void fill_canary(void)
+{
+    memset(out, CANARY, sizeof out);
+    memset(out2, CANARY, sizeof out2);
+    memset(out3, CANARY, sizeof out3);
+}
+
+static void assert_untouched(void)
+{
+    for (size_t i = 0; i < sizeof out; i++)
+        assert_int_equal(((unsigned char *)out)[i], CANARY);
+    for (size_t i = 0; i < sizeof out2; i++)
+        assert_int_equal(((unsigned char *)out2)[i], CANARY);
+    for (size_t i = 0; i < sizeof out3; i++)
+        assert_int_equal(((unsigned char *)out3)[i], CANARY);
+}
+
+static const mha_attn_dims good = {B, H, HKV, SQ, SKV, DH};
+
+static void attention_bad_args(void **state)
+{
+    (void)state;
+    struct {
+        mha_attn_dims d;
+        mha_status want;
+    } dims[] = {
+        {{0, H, HKV, SQ, SKV, DH}, MHA_ERR_SHAPE},   {{B, -1, HKV, SQ, SKV, DH}, MHA_ERR_SHAPE},
+        {{B, H, 0, SQ, SKV, DH}, MHA_ERR_SHAPE},     {{B, H, 3, SQ, SKV, DH}, MHA_ERR_SHAPE},
+        {{B, H, HKV, 0, SKV, DH}, MHA_ERR_SHAPE},    {{B, H, HKV, SQ, -5, DH}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, 0}, MHA_ERR_SHAPE},    {{B, 2, 4, SQ, SKV, DH}, MHA_ERR_SHAPE},
+        {{INT32_MAX, INT32_MAX, 1, INT32_MAX, 1, INT32_MAX}, MHA_ERR_SHAPE},
+        {{1 << 21, 1, 1, 1 << 21, 1 << 21, 1}, MHA_ERR_SHAPE},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
+        fill_canary();
+        assert_int_equal(mha_attention(&dims[i].d, q, k, v, 1.0f, NULL, out, MHA_LAYOUT_BHSD),
+                         dims[i].want);
+        assert_untouched();
+    }
+    fill_canary();
+    assert_int_equal(mha_attention(NULL, q, k, v, 1.0f, NULL, out, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_attention(&good, NULL, k, v, 1.0f, NULL, out, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_attention(&good, q, NULL, v, 1.0f, NULL, out, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_attention(&good, q, k, NULL, 1.0f, NULL, out, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_attention(&good, q, k, v, 1.0f, NULL, NULL, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_attention(&good, q, k, v, 1.0f, NULL, out, (mha_layout)2), MHA_ERR_ARG);
+    assert_int_equal(mha_attention(&good, q, k, v, 1.0f, NULL, out, (mha_layout)-1), MHA_ERR_ARG);
+    assert_untouched();
+}
+
+static void attention_bad_masks(void **state)
+{
+    (void)state;
+    const int32_t kl_neg[B] = {1, -1}, kl_big[B] = {SKV + 1, 1};
+    int32_t qkl_neg[B * SQ] = {0}, qkl_big[B * SQ] = {0};
+    qkl_neg[5] = -3;
+    qkl_big[2] = SKV + 1;
+    const float bias[SKV] = {0};
+    const mha_mask masks[] = {
+        {.key_lens = kl_neg},
+        {.key_lens = kl_big},
+        {.query_key_lens = qkl_neg},
+        {.query_key_lens = qkl_big},
+        {.bias = bias, .bias_stride_b = -1},
+        {.bias = bias, .bias_stride_h = -SKV},
+        {.bias = bias, .bias_stride_q = -1},
+        {.bias = bias, .bias_stride_b = INT64_MAX / 2},
+        {.bias = bias, .bias_stride_h = INT64_MAX},
+    };
+    for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
+        fill_canary();
+        assert_int_equal(mha_attention(&good, q, k, v, 1.0f, &masks[i], out, 0), MHA_ERR_MASK);
+        assert_untouched();
+    }
+}
+
+static void heads_bad_args(void **state)
+{
+    (void)state;
+    fill_canary();
+    const int32_t bad[][4] = {{0, 1, 1, 1}, {1, 0, 1, 1}, {1, 1, -1, 1}, {1, 1, 1, 0},
+                              {INT32_MAX, INT32_MAX, 2, 2}, {1 << 21, 1 << 21, 1 << 21, 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(mha_heads_split(out, bad[i][0], bad[i][1], bad[i][2], bad[i][3]),
+                         MHA_ERR_SHAPE);
+        assert_int_equal(mha_heads_merge(out, bad[i][0], bad[i][1], bad[i][2], bad[i][3]),
+                         MHA_ERR_SHAPE);
+    }
+    assert_int_equal(mha_heads_split(NULL, 1, 2, 2, 1), MHA_ERR_ARG);
+    assert_int_equal(mha_heads_merge(NULL, 1, 2, 2, 1), MHA_ERR_ARG);
+    assert_untouched();
+}
+
+static float wq[H * DH * E], wk[HKV * DH * E], wv[HKV * DH * E], wo[E * H * DH];
+
+static mha_layer_desc good_desc(void)
+{
+    return (mha_layer_desc){.heads = H, .kv_heads = HKV, .head_dim = DH, .q_in = E,
+                            .out_dim = E, .w_q = wq, .w_k = wk, .w_v = wv, .w_o = wo};
+}
+
+static void layer_create_bad_args(void **state)
+{
+    (void)state;
+    mha_layer *sentinel = (mha_layer *)&sentinel, *L = sentinel;
+    struct {
+        mha_layer_desc d;
+        mha_status want;
+    } cases[8];
+    int n = 0;
+    for (int i = 0; i < 8; i++)
+        cases[i].d = good_desc();
+    cases[n].d.heads = 0, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.kv_heads = 3, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.kv_heads = -2, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.q_in = 0, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.out_dim = -1, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.w_k = NULL, cases[n++].want = MHA_ERR_ARG;
+    cases[n].d.w_o = NULL, cases[n++].want = MHA_ERR_ARG;
+    cases[n].d.head_dim = INT32_MAX / 2, cases[n++].want = MHA_ERR_SHAPE;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(mha_layer_create(&cases[i].d, &L), cases[i].want);
+        assert_ptr_equal(L, sentinel);
+    }
+    assert_int_equal(mha_layer_create(NULL, &L), MHA_ERR_ARG);
+    mha_layer_desc d = good_desc();
+    assert_int_equal(mha_layer_create(&d, NULL), MHA_ERR_ARG);
+    assert_ptr_equal(L, sentinel);
+    mha_layer_destroy(NULL);
+}
+
+static void layer_calls_bad_args(void **state)
+{
+    (void)state;
+    mha_layer_desc d = good_desc();
+    mha_layer *L;
+    assert_int_equal(mha_layer_create(&d, &L), MHA_OK);
+    const size_t ws_need = mha_layer_workspace_size(L, B, SQ, SKV);
+    assert_true(ws_need > 0);
+    char *ws = malloc(ws_need);
+    const int32_t kl_big[B] = {SKV + 1, 0};
+    const mha_mask bad_mask = {.key_lens = kl_big};
+
+    fill_canary();
+    assert_int_equal(mha_layer_forward(NULL, x, x, x, B, SQ, SKV, NULL, out, NULL, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_layer_forward(L, NULL, x, x, B, SQ, SKV, NULL, out, NULL, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_layer_forward(L, x, NULL, x, B, SQ, SKV, NULL, out, NULL, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_layer_forward(L, x, x, NULL, B, SQ, SKV, NULL, out, NULL, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_layer_forward(L, x, x, x, B, SQ, SKV, NULL, NULL, NULL, 0), MHA_ERR_ARG);
+    assert_int_equal(mha_layer_forward(L, x, x, x, 0, SQ, SKV, NULL, out, NULL, 0), MHA_ERR_SHAPE);
+    assert_int_equal(mha_layer_forward(L, x, x, x, B, -1, SKV, NULL, out, NULL, 0), MHA_ERR_SHAPE);
+    assert_int_equal(mha_layer_forward(L, x, x, x, B, SQ, 0, NULL, out, NULL, 0), MHA_ERR_SHAPE);
+    assert_int_equal(mha_layer_forward(L, x, x, x, INT32_MAX, INT32_MAX, INT32_MAX, NULL, out,
+                                       NULL, 0), MHA_ERR_SHAPE);
+    assert_int_equal(mha_layer_forward(L, x, x, x, B, SQ, SKV, &bad_mask, out, NULL, 0),
+                     MHA_ERR_MASK);
+    memset(ws, CANARY, ws_need);
+    assert_int_equal(mha_layer_forward(L, x, x, x, B, SQ, SKV, NULL, out, ws, ws_need - 1),
+                     MHA_ERR_ARG);
+    for (size_t i = 0; i < ws_need; i++)
+        assert_int_equal((unsigned char)ws[i], CANARY);
+    assert_untouched();
+
+    assert_int_equal(mha_qkv_project(NULL, x, x, x, B, SQ, SKV, out, out2, out3), MHA_ERR_ARG);
+    assert_int_equal(mha_qkv_project(L, x, x, x, B, SQ, SKV, NULL, out2, out3), MHA_ERR_ARG);
+    assert_int_equal(mha_qkv_project(L, x, x, x, B, SQ, SKV, out, NULL, out3), MHA_ERR_ARG);
+    assert_int_equal(mha_qkv_project(L, x, x, x, B, SQ, SKV, out, out2, NULL), MHA_ERR_ARG);
+    assert_int_equal(mha_qkv_project(L, x, NULL, x, B, SQ, SKV, out, out2, out3), MHA_ERR_ARG);
+    assert_int_equal(mha_qkv_project(L, x, x, x, B, 0, SKV, out, out2, out3), MHA_ERR_SHAPE);
+    assert_int_equal(mha_qkv_project(L, x, x, x, B, SQ, INT32_MIN, out, out2, out3),
+                     MHA_ERR_SHAPE);
+    assert_untouched();
+
+    assert_int_equal(mha_layer_workspace_size(NULL, B, SQ, SKV), 0);
+    assert_int_equal(mha_layer_workspace_size(L, 0, SQ, SKV), 0);
+    assert_int_equal(mha_layer_workspace_size(L, INT32_MAX, INT32_MAX, 1), 0);
+    free(ws);
+    mha_layer_destroy(L);
+}
+
+static void isa_and_strings(void **state)
+{
+    (void)state;
+    const mha_isa before = mha_isa_active();
+    assert_true(mha_isa_available(MHA_ISA_SCALAR));
+    assert_int_equal(mha_isa_force((mha_isa)7), MHA_ERR_UNSUPPORTED);
+    assert_int_equal(mha_isa_force((mha_isa)-1), MHA_ERR_UNSUPPORTED);
+    assert_false(mha_isa_available((mha_isa)7));
+    for (int i = 0; i <= MHA_ISA_NEON; i++)
+        if (!mha_isa_available((mha_isa)i))
+            assert_int_equal(mha_isa_force((mha_isa)i), MHA_ERR_UNSUPPORTED);
+    assert_int_equal(mha_isa_active(), before);
+    assert_string_equal(mha_isa_name(MHA_ISA_SCALAR), "scalar");
+    assert_string_equal(mha_isa_name(MHA_ISA_AVX2), "avx2");
+    assert_string_equal(mha_isa_name(MHA_ISA_NEON), "neon");
+    assert_string_equal(mha_isa_name((mha_isa)9), "unknown");
+    for (int s = MHA_OK; s <= MHA_ERR_NOMEM; s++)
+        assert_non_null(mha_status_str((mha_status)s));
+    assert_string_equal(mha_status_str((mha_status)99), "unknown status");
+    assert_non_null(strchr(mha_version(), '.'));
+}
+
+int main(void)
+{
+    require_env_isa();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(attention_bad_args),    cmocka_unit_test(attention_bad_masks),
+        cmocka_unit_test(heads_bad_args),        cmocka_unit_test(layer_create_bad_args),
+        cmocka_unit_test(layer_calls_bad_args),  cmocka_unit_test(isa_and_strings),
+    };
+    return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
+}
