@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "mha.h"
+#include "ref64.h"
 
 /* Tolerances of SPEC.md: optimized ISA vs scalar, scalar vs float64. */
 #define TOL_ISA 1e-5
@@ -29,10 +30,6 @@ double max_abs_err(const float *a, const float *r, int64_t n);
    the suite registered once per ISA skips where that ISA cannot run. */
 void require_env_isa(void);
 
-/* float64 attention: q [B][H][Sq][dh], k, v [B][Hkv][Skv][dh]; out in layout. */
-void ref_attention(const mha_attn_dims *d, const float *q, const float *k, const float *v,
-                   double scale, const mha_mask *mask, double *out, mha_layout layout);
-
 /* A layer's weights kept by the test, for the float64 reference. */
 typedef struct test_layer {
     mha_layer_desc desc;
@@ -44,8 +41,4 @@ typedef struct test_layer {
 void test_layer_init(test_layer *t, rng *r, int32_t heads, int32_t kv_heads, int32_t head_dim,
                      int32_t q_in, int32_t k_in, int32_t v_in, int32_t out_dim, int with_bias);
 void test_layer_free(test_layer *t);
-/* float64 whole layer; out [B][Sq][out_dim or heads*dh]. */
-void ref_layer(const test_layer *t, const float *query, const float *key, const float *value,
-               int32_t batch, int32_t seq_q, int32_t seq_kv, const mha_mask *mask, double *out);
-
 #endif

@@ -165,7 +165,7 @@ static void check_layer(test_layer *t, rng *r, int32_t B, int32_t Sq, int32_t Sk
     double *ref = malloc(sizeof(double) * n);
     assert_int_equal(mha_layer_forward(t->layer, query, key, value, B, Sq, Skv, mask, out, NULL, 0),
                      MHA_OK);
-    ref_layer(t, query, key, value, B, Sq, Skv, mask, ref);
+    ref_layer(&t->desc, query, key, value, B, Sq, Skv, mask, ref);
     double worst = tol_ratio(out, ref, n, tolerance);
     if (worst > 1.0)
         fail_msg("layer B=%d Sq=%d Skv=%d: error %.3g x tolerance", B, Sq, Skv, worst);
@@ -202,7 +202,7 @@ static void seed_d2l(void **state)
     float out[2 * 4 * 100];
     assert_int_equal(mha_layer_forward(t.layer, x, y, y, 2, 4, 6, &m, out, NULL, 0), MHA_OK);
     double ref[2 * 4 * 100];
-    ref_layer(&t, x, y, y, 2, 4, 6, &m, ref);
+    ref_layer(&t.desc, x, y, y, 2, 4, 6, &m, ref);
     assert_true(tol_ratio(out, ref, 800, tol()) <= 1.0);
     free(x);
     free(y);
