@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what libmha's build, tests and benchmarks need on Debian 12, and
+# nothing when it is all there already. Runs apt-get as root (or via sudo).
+set -euo pipefail
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+native=(meson ninja-build pkg-config gcc g++ libcmocka-dev python3-torch python3-numpy
+        valgrind clang libclang-rt-14-dev)
+[ "${1:-}" = "--all" ] && native+=(libopenblas-dev libbenchmark-dev python3-matplotlib python3-venv
+                                    gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user)
+cross=()
+[ "${1:-}" = "--all" ] && cross=(libcmocka-dev:arm64)
+
+missing=()
+for p in "${native[@]}" "${cross[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "setup: installing ${missing[*]}"
+if [ ${#cross[@]} -gt 0 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  as_root dpkg --add-architecture arm64
+fi
+as_root apt-get update -q
+DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Every test of libmha, from a fresh Debian 12 machine:
+#  - native build with warnings as errors; each cmocka suite once per ISA this
+#    CPU has (MHA_ISA), the float64 PyTorch interop test, mha-validate's sweep,
+#    the README example, and `meson install` + pkg-config;
+#  - the NEON build cross-compiled for AArch64, its whole suite under qemu.
+# Ends with one line "N passed, M failed, K skipped" over all of them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+bash tools/setup.sh --all
+
+passed=0 failed=0 skipped=0
+# Runs `meson test` in build dir $1 with the rest as arguments, and adds its
+# results to the totals; a failure is counted, not fatal, so every part runs.
+run_suite() {
+  local dir=$1; shift
+  local rc=0
+  meson test -C "$dir" --print-errorlogs "$@" || rc=$?
+  local counts
+  counts=$(/usr/bin/python3 - "$dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+ok = fail = skip = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"): ok += 1
+    elif r == "SKIP": skip += 1
+    else: fail += 1
+print(ok, fail, skip)
+PY
+)
+  read -r ok fail skip <<<"$counts"
+  [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ] && fail=1
+  passed=$((passed + ok)) failed=$((failed + fail)) skipped=$((skipped + skip))
+}
+
+echo "== native build (warnings as errors)"
+native=build-test
+if [ -f "$native/build.ninja" ]; then
+  meson setup --reconfigure "$native" -Dwerror=true >/dev/null
+else
+  meson setup "$native" -Dwerror=true >/dev/null
+fi
+ninja -C "$native"
+run_suite "$native"
+
+echo "== README example, install and pkg-config"
+stage=$(mktemp -d)
+DESTDIR="$stage" meson install -C "$native" --quiet
+prefix=$(meson introspect "$native" --buildoptions | /usr/bin/python3 -c \
+  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"))')
+pc_dir=$(dirname "$(find "$stage" -name mha.pc | head -n 1)")
+/usr/bin/python3 - README.md "$stage/example.c" <<'PY'
+import re, sys
+blocks = re.findall(r"```c\n(.*?)```", open(sys.argv[1]).read(), re.S)
+open(sys.argv[2], "w").write(blocks[0])
+PY
+if PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" \
+   cc -std=c11 -Wall -Werror "$stage/example.c" -o "$stage/example" \
+     $(PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs --static mha) -lm &&
+   LD_LIBRARY_PATH="$stage$prefix/lib:$stage$prefix/lib/x86_64-linux-gnu" "$stage/example"; then
+  echo "README example: ok"; passed=$((passed + 1))
+else
+  echo "README example: FAILED"; failed=$((failed + 1))
+fi
+rm -rf "$stage"
+
+if [ -f tools/cross-test.sh ]; then
+  echo "== NEON build for AArch64 under qemu"
+  bash tools/cross-test.sh build-aarch64 && cross_rc=0 || cross_rc=$?
+  for log in build-aarch64/meson-logs/testlog-*.json; do
+    [ -f "$log" ] || continue
+    read -r ok fail skip <<<"$(/usr/bin/python3 -c '
+import json, sys
+rs = [json.loads(l)["result"] for l in open(sys.argv[1])]
+print(sum(r == "OK" for r in rs), sum(r not in ("OK", "SKIP", "EXPECTEDFAIL") for r in rs), sum(r == "SKIP" for r in rs))' "$log")"
+    passed=$((passed + ok)) failed=$((failed + fail)) skipped=$((skipped + skip))
+  done
+  [ "$cross_rc" -ne 0 ] && failed=$((failed + 1))
+fi
+
+echo
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
