@@ -3,6 +3,9 @@
 #  - native build with warnings as errors; each cmocka suite once per ISA this
 #    CPU has (MHA_ISA), the float64 PyTorch interop test, mha-validate's sweep,
 #    the README example, and `meson install` + pkg-config;
+#  - the whole suite under ASan + UBSan, and under valgrind memcheck for the
+#    scalar and native ISAs (sweeps thinned with MHA_TEST_QUICK);
+#  - the libFuzzer target for MHA_FUZZ_SECONDS (default 60);
 #  - the NEON build cross-compiled for AArch64, its whole suite under qemu.
 # Ends with one line "N passed, M failed, K skipped" over all of them.
 set -euo pipefail
@@ -34,14 +37,20 @@ PY
   passed=$((passed + ok)) failed=$((failed + fail)) skipped=$((skipped + skip))
 }
 
+# Configures (or reconfigures) build dir $1 with the remaining options, then builds.
+build() {
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+  ninja -C "$dir" >/dev/null
+}
+
 echo "== native build (warnings as errors)"
 native=build-test
-if [ -f "$native/build.ninja" ]; then
-  meson setup --reconfigure "$native" -Dwerror=true >/dev/null
-else
-  meson setup "$native" -Dwerror=true >/dev/null
-fi
-ninja -C "$native"
+build "$native" -Dwerror=true
 run_suite "$native"
 
 echo "== README example, install and pkg-config"
@@ -64,6 +73,21 @@ else
   echo "README example: FAILED"; failed=$((failed + 1))
 fi
 rm -rf "$stage"
+
+echo "== ASan + UBSan"
+build build-asan -Dwerror=true -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --no-suite interop
+
+echo "== valgrind memcheck"
+MHA_TEST_QUICK=1 run_suite "$native" --no-suite interop --no-suite validate \
+  --wrapper "valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite"
+
+echo "== libFuzzer, ${MHA_FUZZ_SECONDS:-60} s"
+if bash tools/fuzz.sh "${MHA_FUZZ_SECONDS:-60}"; then
+  passed=$((passed + 1))
+else
+  echo "fuzzing: FAILED"; failed=$((failed + 1))
+fi
 
 if [ -f tools/cross-test.sh ]; then
   echo "== NEON build for AArch64 under qemu"

@@ -1,0 +1,132 @@
+/* libFuzzer target: the input chooses dims, masks, layout and a data seed; every
+ * ISA available is run against the scalar reference on attention, the layer
+ * and the head transpose. A mismatch beyond tolerance or a status other than
+ * the one the arguments call for aborts (a finding); sanitizers catch the rest.
+ * A byte of the input may also make a mask invalid, which must be refused
+ * with MHA_ERR_MASK and nothing written. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static uint8_t take(const uint8_t **p, size_t *n)
+{
+    if (*n == 0)
+        return 0;
+    (*n)--;
+    return *(*p)++;
+}
+
+static void require(int ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "fuzz_mha: %s\n", what);
+        abort();
+    }
+}
+
+static int close_enough(const float *a, const float *b, size_t n)
+{
+    return tol_ratio_f(a, b, (int64_t)n, TOL_ISA) <= 1.0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const uint8_t *p = data;
+    size_t n = size;
+    const int32_t kv_heads = 1 + take(&p, &n) % 3, group = 1 + take(&p, &n) % 3;
+    const int32_t B = 1 + take(&p, &n) % 3, H = kv_heads * group;
+    const int32_t Sq = 1 + take(&p, &n) % 40, Skv = 1 + take(&p, &n) % 80;
+    const int32_t dh = 1 + take(&p, &n) % 72, E = 1 + take(&p, &n) % 64;
+    const uint8_t flags = take(&p, &n), bad = take(&p, &n);
+    rng r = {0};
+    for (size_t i = 0; i < n; i++)
+        r.s = r.s * 131 + p[i];
+
+    const size_t nq = (size_t)B * H * Sq * dh, nkv = (size_t)B * kv_heads * Skv * dh;
+    float *q = rand_floats(&r, (int64_t)nq, -1, 1), *k = rand_floats(&r, (int64_t)nkv, -1, 1);
+    float *v = rand_floats(&r, (int64_t)nkv, -1, 1);
+    float *bias = rand_floats(&r, (int64_t)B * H * Sq * Skv, -4, 4);
+    for (size_t i = 0; i < (size_t)B * H * Sq * Skv; i += 3 + flags % 5)
+        bias[i] = -INFINITY;
+    int32_t *kl = malloc(sizeof(int32_t) * (size_t)B);
+    int32_t *qkl = malloc(sizeof(int32_t) * (size_t)B * Sq);
+    for (int32_t b = 0; b < B; b++)
+        kl[b] = (int32_t)(rng_uniform(&r, 0, 1) * (float)(Skv + 1)) % (Skv + 1);
+    for (int32_t i = 0; i < B * Sq; i++)
+        qkl[i] = (int32_t)(rng_uniform(&r, 0, 1) * (float)(Skv + 1)) % (Skv + 1);
+    const int64_t sh = (int64_t)Sq * Skv;
+    mha_mask mask = {.key_lens = flags & 1 ? kl : NULL, .query_key_lens = flags & 2 ? qkl : NULL,
+                     .causal = (flags >> 2) & 1};
+    if (flags & 8) {
+        mask.bias = bias;
+        mask.bias_stride_b = flags & 16 ? sh * H : 0;
+        mask.bias_stride_h = flags & 32 ? sh : 0;
+        mask.bias_stride_q = flags & 64 ? Skv : 0;
+    }
+    const mha_layout layout = (mha_layout)(flags >> 7);
+    const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh};
+    float *want = malloc(nq * sizeof(float)), *got = malloc(nq * sizeof(float));
+    const float scale = 1.0f / sqrtf((float)dh);
+
+    /* An invalid mask, when the input asks for one: refused, nothing written. */
+    if (bad % 8 == 1) {
+        int32_t saved = kl[0];
+        kl[0] = bad & 8 ? -1 : Skv + 1;
+        mha_mask broken = mask;
+        broken.key_lens = kl;
+        memset(got, 0x7f, nq * sizeof(float));
+        memcpy(want, got, nq * sizeof(float));
+        require(mha_attention(&d, q, k, v, scale, &broken, got, layout) == MHA_ERR_MASK,
+                "invalid key length accepted");
+        require(memcmp(got, want, nq * sizeof(float)) == 0, "output written on error");
+        kl[0] = saved;
+    }
+
+    /* Layer: self-attention when Sq == Skv, else cross with Skv-long keys. */
+    test_layer t;
+    test_layer_init(&t, &r, H, kv_heads, dh, E, 0, 0, (bad & 16) ? E : 0, bad & 32);
+    const int32_t width = (bad & 16) ? E : H * dh;
+    const size_t nout = (size_t)B * Sq * width;
+    float *xq = rand_floats(&r, (int64_t)B * Sq * E, -1, 1);
+    float *xk = Sq == Skv ? xq : rand_floats(&r, (int64_t)B * Skv * E, -1, 1);
+    float *lw = malloc(nout * sizeof(float)), *lg = malloc(nout * sizeof(float));
+    float *tw = malloc(nq * sizeof(float)), *tg = malloc(nq * sizeof(float));
+
+    const mha_isa start = mha_isa_active();
+    require(mha_isa_force(MHA_ISA_SCALAR) == MHA_OK, "force scalar");
+    require(mha_attention(&d, q, k, v, scale, &mask, want, layout) == MHA_OK, "scalar attention");
+    require(mha_layer_forward(t.layer, xq, xk, xk, B, Sq, Skv, &mask, lw, NULL, 0) == MHA_OK,
+            "scalar layer");
+    memcpy(tw, q, nq * sizeof(float));
+    require(mha_heads_split(tw, B, Sq, H, dh) == MHA_OK, "scalar split");
+    for (int isa = MHA_ISA_AVX2; isa <= MHA_ISA_NEON; isa++) {
+        if (!mha_isa_available((mha_isa)isa))
+            continue;
+        require(mha_isa_force((mha_isa)isa) == MHA_OK, "force isa");
+        require(mha_attention(&d, q, k, v, scale, &mask, got, layout) == MHA_OK, "attention");
+        require(close_enough(got, want, nq), "attention differs from scalar");
+        require(mha_layer_forward(t.layer, xq, xk, xk, B, Sq, Skv, &mask, lg, NULL, 0) == MHA_OK,
+                "layer");
+        require(close_enough(lg, lw, nout), "layer differs from scalar");
+        memcpy(tg, q, nq * sizeof(float));
+        require(mha_heads_split(tg, B, Sq, H, dh) == MHA_OK, "split");
+        require(memcmp(tg, tw, nq * sizeof(float)) == 0, "split differs from scalar");
+        require(mha_heads_merge(tg, B, Sq, H, dh) == MHA_OK, "merge");
+        require(memcmp(tg, q, nq * sizeof(float)) == 0, "merge does not undo split");
+    }
+    mha_isa_force(start);
+
+    if (xk != xq)
+        free(xk);
+    float *bufs[] = {q, k, v, bias, want, got, xq, lw, lg, tw, tg};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        free(bufs[i]);
+    free(kl);
+    free(qkl);
+    test_layer_free(&t);
+    return 0;
+}
