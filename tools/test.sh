@@ -74,6 +74,31 @@ else
 fi
 rm -rf "$stage"
 
+echo "== libmha as a Meson subproject"
+parent=$(mktemp -d)
+mkdir -p "$parent/subprojects"
+ln -s "$root" "$parent/subprojects/mha"
+cp README.md "$parent/"
+/usr/bin/python3 - "$parent/README.md" "$parent/main.c" <<'PY'
+import re, sys
+open(sys.argv[2], "w").write(re.findall(r"```c\n(.*?)```", open(sys.argv[1]).read(), re.S)[0])
+PY
+cat >"$parent/meson.build" <<'MESON'
+project('uses_mha', 'c', default_options: ['c_std=c11', 'mha:tests=false'])
+executable('example', 'main.c', dependencies: [dependency('mha'), meson.get_compiler('c').find_library('m')])
+MESON
+if meson setup "$parent/build" "$parent" >/dev/null && ninja -C "$parent/build" >/dev/null &&
+   "$parent/build/example"; then
+  echo "subproject: ok"; passed=$((passed + 1))
+else
+  echo "subproject: FAILED"; failed=$((failed + 1))
+fi
+rm -rf "$parent"
+
+echo "== without OpenMP"
+build build-noomp -Dwerror=true -Dopenmp=disabled
+run_suite build-noomp --no-suite interop --no-suite validate
+
 echo "== ASan + UBSan"
 build build-asan -Dwerror=true -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --no-suite interop
