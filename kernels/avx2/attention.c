@@ -228,7 +228,18 @@ static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
     }
 }
 
-/* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of head_dim. */
+/* Keys of [j0, j0 + jn) that some row r of [r0, r1) sees: j < kv_end[r]. */
+static int32_t keys_seen(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int32_t jn)
+{
+    int32_t end = 0;
+    for (int32_t r = r0; r < r1; r++)
+        end = ps->ke[r] > end ? ps->ke[r] : end;
+    return end - j0 < jn ? end - j0 : jn;
+}
+
+/* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of head_dim. A 16-row
+ * group skips the 6-key groups that none of its rows sees (the softmax masks
+ * those entries), which trims the causal diagonal. */
 static void scores(pass *ps, int32_t j0, int32_t jn)
 {
     const int32_t dh = ps->blk->head_dim;
@@ -241,7 +252,8 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
             for (int i = 0; i < 6; i++) /* keys past the tile repeat its last one */
                 kp[i] = ps->blk->k + (int64_t)(j0 + (jg + i < jn ? jg + i : jn - 1)) * dh + d0;
             for (int32_t rg = 0; rg < ps->rp; rg += 16)
-                qk_6x16(dc, kp, ps->qt + rg, ps->rp, ps->st + jg * ps->rp + rg, d0 > 0);
+                if (jg < keys_seen(ps, rg, rg + 16, j0, jn))
+                    qk_6x16(dc, kp, ps->qt + rg, ps->rp, ps->st + jg * ps->rp + rg, d0 > 0);
         }
     }
 }
@@ -337,13 +349,18 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn)
     }
 }
 
-/* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. */
+/* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A 6-row group
+ * stops at the last key any of its rows sees (P is 0 past it), and a group
+ * that sees none of the tile keeps O (alpha is 1 or O is 0). */
 static void pv(pass *ps, int32_t j0, int32_t jn)
 {
     const int32_t dh = ps->blk->head_dim;
     const float *v = ps->blk->v + (int64_t)j0 * dh;
     for (int32_t rg = 0; rg < ps->nr; rg += 6) {
         const int valid = ps->nr - rg < 6 ? ps->nr - rg : 6;
+        const int32_t jv = keys_seen(ps, rg, rg + valid, j0, jn);
+        if (jv <= 0)
+            continue;
         const float *p = ps->st + rg;
         int32_t pp = ps->rp;
         float *o[6];
@@ -354,7 +371,7 @@ static void pv(pass *ps, int32_t j0, int32_t jn)
             alpha[i] = _mm256_broadcast_ss(ps->alpha + r);
         }
         if (valid < 6) {
-            for (int32_t j = 0; j < jn; j++)
+            for (int32_t j = 0; j < jv; j++)
                 for (int i = 0; i < 6; i++)
                     ps->ptail[j * 6 + i] = ps->st[j * ps->rp + (i < valid ? rg + i : ps->nr - 1)];
             p = ps->ptail;
@@ -365,7 +382,7 @@ static void pv(pass *ps, int32_t j0, int32_t jn)
             float *od[6];
             for (int i = 0; i < 6; i++)
                 od[i] = o[i] + d;
-            pv_6x16(jn, p, pp, v + d, dh, od, alpha, valid);
+            pv_6x16(jv, p, pp, v + d, dh, od, alpha, valid);
         }
         for (; d < dh; d += 8) {
             float *od[6];
@@ -373,7 +390,7 @@ static void pv(pass *ps, int32_t j0, int32_t jn)
                 od[i] = o[i] + d;
             const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(dh - d),
                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            pv_6x8(jn, p, pp, v + d, dh, od, alpha, valid, mask);
+            pv_6x8(jv, p, pp, v + d, dh, od, alpha, valid, mask);
         }
     }
 }
