@@ -25,32 +25,50 @@ void mha_pack_weights(const float *w, int32_t n, int32_t k, int32_t nr, float *p
     }
 }
 
-static int64_t dst_offset_row(const mha_gemm_seg *s, int64_t m)
-{
-    return (int64_t)(m / s->rows) * s->batch_stride + (int64_t)(m % s->rows) * s->row_stride;
-}
-
-static int64_t dst_offset_col(const mha_gemm_seg *s, int32_t c)
-{
-    return (int64_t)(c / s->cols) * s->block_stride + c % s->cols;
-}
-
-/* The first k block stores tile + bias, later blocks add their tile. */
+/* Writes a tile to its segment's destination: the first k block stores bias + tile,
+ * later blocks add their tile. Offsets step through rows and columns, so a tile costs
+ * two divisions; columns that stay inside one block (a head) are contiguous. */
 static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t c0, int32_t nc,
                           int32_t nr, const float *tile, int first)
 {
+    const float *bias = first && s->bias ? s->bias + c0 : NULL;
     int64_t coff[TILE_MAX];
-    for (int32_t j = 0; j < nc; j++)
-        coff[j] = dst_offset_col(s, c0 + j);
+    int32_t blk = c0 / s->cols, cin = c0 % s->cols;
+    const int contiguous = cin + nc <= s->cols;
+    for (int32_t j = 0; j < nc; j++) {
+        coff[j] = (int64_t)blk * s->block_stride + cin;
+        if (++cin == s->cols)
+            cin = 0, blk++;
+    }
+    int64_t b = m0 / s->rows;
+    int32_t r = (int32_t)(m0 % s->rows);
     for (int32_t i = 0; i < mr; i++) {
-        float *row = s->dst + dst_offset_row(s, m0 + i);
+        float *row = s->dst + b * s->batch_stride + (int64_t)r * s->row_stride;
         const float *t = tile + (size_t)i * nr;
-        if (first)
-            for (int32_t j = 0; j < nc; j++)
-                row[coff[j]] = (s->bias ? s->bias[c0 + j] : 0.0f) + t[j];
-        else
-            for (int32_t j = 0; j < nc; j++)
-                row[coff[j]] += t[j];
+        if (contiguous) {
+            float *d = row + coff[0];
+            if (bias)
+                for (int32_t j = 0; j < nc; j++)
+                    d[j] = bias[j] + t[j];
+            else if (first)
+                for (int32_t j = 0; j < nc; j++)
+                    d[j] = t[j];
+            else
+                for (int32_t j = 0; j < nc; j++)
+                    d[j] += t[j];
+        } else {
+            if (bias)
+                for (int32_t j = 0; j < nc; j++)
+                    row[coff[j]] = bias[j] + t[j];
+            else if (first)
+                for (int32_t j = 0; j < nc; j++)
+                    row[coff[j]] = t[j];
+            else
+                for (int32_t j = 0; j < nc; j++)
+                    row[coff[j]] += t[j];
+        }
+        if (++r == s->rows)
+            r = 0, b++;
     }
 }
 
@@ -58,7 +76,10 @@ void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, i
                   const mha_gemm_seg *segs, int nsegs)
 {
     const int32_t mr = kt->gemm_mr, nr = kt->gemm_nr;
-    const int32_t mc = (GEMM_MC + mr - 1) / mr * mr;
+    /* Row blocks of about GEMM_MC rows, all of nearly equal size so that threads
+       share the work evenly, rounded up to whole tiles. */
+    const int64_t mparts = (m + GEMM_MC - 1) / GEMM_MC;
+    const int64_t mc = ((m + mparts - 1) / mparts + mr - 1) / mr * mr;
     const int32_t kblocks = (k + GEMM_KC_MAX - 1) / GEMM_KC_MAX;
     const int32_t kc = (k + kblocks - 1) / kblocks;
 
@@ -82,17 +103,20 @@ void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, i
         const int64_t p_end = p_begin + group < panels ? p_begin + group : panels;
         for (int32_t k0 = 0; k0 < k; k0 += kc) {
             const int32_t kcur = k - k0 < kc ? k - k0 : kc;
-            int s = 0;
-            for (int64_t p = p_begin; p < p_end; p++) {
-                while (p >= panel_start[s + 1])
-                    s++;
-                const mha_gemm_seg *seg = &segs[s];
-                const int32_t c0 = (int32_t)(p - panel_start[s]) * nr;
-                const int32_t nc = seg->n - c0 < nr ? seg->n - c0 : nr;
-                const float *w = seg->w + (size_t)(c0 / nr) * (size_t)panel_bytes / sizeof(float)
-                                 + (size_t)k0 * nr;
-                for (int64_t m0 = m_begin; m0 < m_end; m0 += mr) {
-                    const int32_t mcur = (int32_t)(m_end - m0 < mr ? m_end - m0 : mr);
+            /* Each row tile of A (mr x kc) stays in L1 while the item's W panels
+               (GEMM_W_BYTES, in L2) stream past it. */
+            for (int64_t m0 = m_begin; m0 < m_end; m0 += mr) {
+                const int32_t mcur = (int32_t)(m_end - m0 < mr ? m_end - m0 : mr);
+                int s = 0;
+                for (int64_t p = p_begin; p < p_end; p++) {
+                    while (p >= panel_start[s + 1])
+                        s++;
+                    const mha_gemm_seg *seg = &segs[s];
+                    const int32_t c0 = (int32_t)(p - panel_start[s]) * nr;
+                    const int32_t nc = seg->n - c0 < nr ? seg->n - c0 : nr;
+                    const float *w = seg->w
+                                     + (size_t)(c0 / nr) * (size_t)panel_bytes / sizeof(float)
+                                     + (size_t)k0 * nr;
                     kt->gemm_tile(mcur, kcur, a + m0 * lda + k0, lda, w, tile);
                     gemm_epilogue(seg, m0, mcur, c0, nc, nr, tile, k0 == 0);
                 }
