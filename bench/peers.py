@@ -16,7 +16,7 @@ peer (OpenBLAS) is in the C++ harness.
 Usage: peers.py --shapes shapes.json [--threads 2] [--min-time 0.3] [--out peers.json]
 shapes.json is what `mha-bench --shapes-json` prints. Each result is the mean
 wall time per call over at least --min-time seconds (one untimed warm-up call
-first); report.py turns times into GFLOP/s with the FLOP formulas of main.cc.
+first, unless it takes over --cold-limit seconds); report.py turns times into GFLOP/s with the FLOP formulas of main.cc.
 Peers of one shape run one after the other, shape after shape. Progress goes to
 stderr; a peer that is missing or fails is recorded as skipped with the reason.
 """
@@ -34,9 +34,16 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def time_calls(fn, min_time):
-    """Mean seconds per call and the number of timed calls."""
+def time_calls(fn, min_time, cold_limit):
+    """Mean seconds per call and the number of timed calls. The first call warms
+    up (thread pools, first touch); when it takes over cold_limit seconds it is
+    the measurement, since calls that long (PyTorch on long sequences allocates
+    its score matrix anew on every call) gain nothing from a second one."""
+    t0 = time.perf_counter()
     fn()
+    first = time.perf_counter() - t0
+    if first > cold_limit:
+        return first, 1
     n, total = 0, 0.0
     while total < min_time or n == 0:
         t0 = time.perf_counter()
@@ -182,6 +189,12 @@ def main():
         default=4.0,
         help="skip PyTorch where its B*H*S*S score matrix exceeds this many GiB",
     )
+    ap.add_argument(
+        "--cold-limit",
+        type=float,
+        default=2.0,
+        help="a first call longer than this many seconds is the measurement",
+    )
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     with open(args.shapes) as f:
@@ -219,7 +232,7 @@ def main():
                     if call is None:
                         rec["skipped"] = why
                     else:
-                        rec["seconds"], rec["calls"] = time_calls(call, args.min_time)
+                        rec["seconds"], rec["calls"] = time_calls(call, args.min_time, args.cold_limit)
                 except Exception as exc:  # a peer's failure must not stop the run
                     rec["skipped"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             if "seconds" in rec:

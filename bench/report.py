@@ -225,13 +225,13 @@ def write_table(out_dir, shapes, isas, rate, info, skipped):
         "layer = QKV + attention + output projection. PyTorch is matmul-softmax-matmul "
         "for attention and torch.nn.MultiheadAttention (fast path) for the layer; "
         "ONNX Runtime is com.microsoft MultiHeadAttention (with MatMuls around it for "
-        "the layer). \"vs peer\" is libmha's best ISA over the fastest peer, "
+        "the layer). \"vs peers\" is libmha's best ISA over each peer, "
         "\"SIMD gain\" its best SIMD ISA over scalar, \"% of peak\" libmha's best ISA "
         "over the best FMA peak (transpose: over memcpy bandwidth).",
         "",
     ]
     head = ["kernel", "shape"] + [f"libmha {i}" for i in isas] + PEER_COLUMNS
-    head += ["vs peer", "SIMD gain", "% of peak"]
+    head += ["vs peers", "SIMD gain", "% of peak"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for family in ["qkv", "attention", "transpose", "layer"]:
         for s in shapes:
@@ -246,11 +246,10 @@ def write_table(out_dir, shapes, isas, rate, info, skipped):
                 continue
             best_isa = max((i for i in isas if mine[i]), key=lambda i: mine[i], default=None)
             best = mine[best_isa] if best_isa else None
-            measured = [(r, PEERS[impl][0]) for impl, r in peers.values() if r]
-            ratio = "—"
-            if best and measured:
-                r, col = max(measured)
-                ratio = f"{best / r:.2f}x {col}"
+            ratio = ", ".join(
+                f"{best / r:.2f}x {'ORT' if col == 'ONNX Runtime' else col}"
+                for col, (_, r) in peers.items() if best and r
+            ) or "—"
             simd = [mine[i] for i in isas if i != "scalar" and mine[i]]
             gain = f"{max(simd) / mine['scalar']:.1f}x" if simd and mine.get("scalar") else "—"
             if best is None:
@@ -289,7 +288,7 @@ def plot_vs_seq(out_dir, shapes, isas, rate, info, family, peer_impls):
     )
     if not series:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for impl, label, style in [(i, f"libmha {i}", "o-") for i in isas] + [
         (p, PEERS[p][1], "s--") for p in peer_impls
     ]:
@@ -297,7 +296,7 @@ def plot_vs_seq(out_dir, shapes, isas, rate, info, family, peer_impls):
         pts = [(x, y) for x, y in pts if y]
         if pts:
             ax.plot(*zip(*pts), style, label=label)
-    ax.axhline(info["peak_gflops"], color="grey", ls=":", label="measured FMA peak")
+    ax.axhline(info["peak_gflops"], color="grey", ls=":", label=f"measured FMA peak ({info['peak_gflops']:.0f} GFLOP/s)")
     ax.set_xscale("log", base=2)
     ax.set_xticks([s["seq"] for s in series], [str(s["seq"]) for s in series])
     ax.set_xlabel("sequence length S (B=1, 12 heads, head dim 64)")
@@ -306,7 +305,7 @@ def plot_vs_seq(out_dir, shapes, isas, rate, info, family, peer_impls):
     ax.set_title(f"{FAMILY_TITLES[family]}: GFLOP/s vs sequence length\n{subtitle(info)}",
                  fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{family}{'_seq' if family == 'layer' else ''}.png"),
                 dpi=120)
@@ -321,7 +320,7 @@ def plot_layer_bars(out_dir, shapes, isas, rate, info):
     impls = [(i, f"libmha {i}") for i in isas] + [
         (p, PEERS[p][1]) for p in ("torch_mha", "ort_layer")
     ]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(impls)
     for k, (impl, label) in enumerate(impls):
         xs = [j + (k - (len(impls) - 1) / 2) * width for j in range(len(bert))]
@@ -332,9 +331,9 @@ def plot_layer_bars(out_dir, shapes, isas, rate, info):
     ax.set_xlabel("batch size (BERT-base: d_model 768, 12 heads, S=128)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(f"BERT-base self-attention layer\n{subtitle(info)}", fontsize=10)
-    ax.axhline(info["peak_gflops"], color="grey", ls=":", label="measured FMA peak")
+    ax.axhline(info["peak_gflops"], color="grey", ls=":", label=f"measured FMA peak ({info['peak_gflops']:.0f} GFLOP/s)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "layer.png"), dpi=120)
     plt.close(fig)

@@ -2,6 +2,10 @@
 # The libmha benchmark comparison, in one command:
 #
 #   tools/bench.sh [--quick] [--threads N] [--rounds R] [--build-dir DIR] [--out DIR]
+#                  [-- MESON_OPTIONS...]
+#
+# MESON_OPTIONS go to `meson setup` when DIR is first configured (e.g.
+# -Davx2=disabled).
 #
 # 1. installs what is missing (apt-get): the build tools, Google Benchmark,
 #    OpenBLAS, PyTorch and matplotlib from Debian;
@@ -17,8 +21,9 @@
 # layer_seq.png, layer.png.
 #
 # --quick: 4 small shapes, short runs, 1 round (CI smoke test, under a minute
-# once built). Full: every shape, 2 rounds, each entry keeping its best time;
-# about 5-10 minutes on 2 cores. --threads defaults to the number of CPUs and
+# once built). Full: every shape, 1 round, about 5-10 minutes on 2 cores;
+# --rounds 2 or more alternates mha-bench and peers.py again, each entry
+# keeping its best time. --threads defaults to the number of CPUs and
 # sets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and the peers' thread pools.
 set -eu
 
@@ -35,7 +40,8 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift ;;
     --build-dir) build=$2; shift ;;
     --out) out=$2; shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    --) shift; break ;;
+    -h | --help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -43,7 +49,7 @@ done
 if [ "$quick" = 1 ]; then
     rounds=${rounds:-1} min_time=0.02 mode=--quick
 else
-    rounds=${rounds:-2} min_time=0.3 mode=
+    rounds=${rounds:-1} min_time=0.3 mode=
 fi
 start=$(date +%s)
 step() { echo "==> [$(($(date +%s) - start))s] $*" >&2; }
@@ -75,7 +81,7 @@ fi
 
 step "building mha-bench in $build"
 [ -f "$build/build.ninja" ] ||
-    meson setup "$build" "$root" -Dbench=true -Dtests=false --buildtype=release >&2
+    meson setup "$build" "$root" -Dbench=true -Dtests=false --buildtype=release "$@" >&2
 ninja -C "$build" bench/mha-bench >&2
 bench="$build/bench/mha-bench"
 
@@ -83,7 +89,7 @@ export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
 mkdir -p "$out"
 rm -f "$out"/mha-bench-*.json "$out"/peers-*.json
 "$bench" $mode --shapes-json >"$out/shapes.json"
-bench_args= peer_args=
+bench_args='' peer_args=''
 r=1
 while [ "$r" -le "$rounds" ]; do
     step "round $r/$rounds: mha-bench (libmha per ISA, OpenBLAS), $threads threads"
