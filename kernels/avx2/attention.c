@@ -11,7 +11,7 @@
  * from memory; the output rows in blk->out are the accumulator. head_dim is
  * cut in chunks for the packed Q (chunking the d loop of a dot product
  * and resuming from the stored partial sum keeps every bit), so the stack use
- * is fixed (about 70 KiB) for any head_dim.
+ * is fixed (about 80 KiB) for any head_dim.
  *
  * Determinism: every row's arithmetic (the FMA chain over d, the order of the
  * keys, the exp, the sums over j in one lane) is the same whatever the other
@@ -26,7 +26,7 @@
 
 enum {
     RB = 96,                   /* most rows per pass: 6 groups of 16 (QK^T), 16 of 6 (PV) */
-    BC = 48,                   /* keys per tile, a multiple of 6 */
+    BC = 72,                   /* keys per tile, a multiple of 6 */
     QT_FLOATS = 128 * RB,      /* packed Q^T: head_dim chunks of QT_FLOATS / padded rows */
     KV_L2_FLOATS = 128 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
 };
