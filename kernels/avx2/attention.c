@@ -242,8 +242,9 @@ static int32_t keys_seen(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int
 }
 
 /* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of head_dim. A 16-row
- * group skips the 6-key groups that none of its rows sees (the softmax masks
- * those entries), which trims the causal diagonal. */
+ * group skips the 6-key groups that none of its rows sees, which trims the
+ * causal diagonal; their entries get -inf (the softmax masks them anyway, but
+ * they are never left uninitialized). */
 static void scores(pass *ps, int32_t j0, int32_t jn)
 {
     const int32_t dh = ps->blk->head_dim;
@@ -255,9 +256,16 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
             const float *kp[6];
             for (int i = 0; i < 6; i++) /* keys past the tile repeat its last one */
                 kp[i] = ps->blk->k + (int64_t)(j0 + (jg + i < jn ? jg + i : jn - 1)) * dh + d0;
-            for (int32_t rg = 0; rg < ps->rp; rg += 16)
+            for (int32_t rg = 0; rg < ps->rp; rg += 16) {
+                float *st = ps->st + jg * ps->rp + rg;
                 if (jg < keys_seen(ps, rg, rg + 16, j0, jn))
-                    qk_6x16(dc, kp, ps->qt + rg, ps->rp, ps->st + jg * ps->rp + rg, d0 > 0);
+                    qk_6x16(dc, kp, ps->qt + rg, ps->rp, st, d0 > 0);
+                else
+                    for (int i = 0; i < 6; i++) {
+                        _mm256_store_ps(st + i * ps->rp, _mm256_set1_ps(-INFINITY));
+                        _mm256_store_ps(st + i * ps->rp + 8, _mm256_set1_ps(-INFINITY));
+                    }
+            }
         }
     }
 }
