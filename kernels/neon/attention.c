@@ -42,7 +42,8 @@ enum {
  * times 2^n built by writing n + 127 into the exponent field. x < ln(FLT_MIN)
  * ~ -87.3365 (so -INFINITY too) flushes to 0; exp(0) is exactly 1.
  * Measured maximum error over every float in [-87.3, 0] (exhaustive, under
- * qemu-aarch64): 1 ulp against glibc expf, 0.89 ulp against exp in double. */
+ * qemu-aarch64, 1.1e9 inputs): 1 ulp against glibc expf, 1.04 ulp against exp
+ * in double precision. */
 static inline float32x4_t exp_f32x4(float32x4_t x)
 {
     const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 0x1.715476p+0f));
