@@ -75,6 +75,8 @@ static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs)
 {
+    if (m <= 0)
+        return;
     const int32_t mr = kt->gemm_mr, nr = kt->gemm_nr;
     /* Row blocks of about GEMM_MC rows, all of nearly equal size so that threads
        share the work evenly, rounded up to whole tiles. */
