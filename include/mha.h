@@ -19,7 +19,10 @@
  * Masking: a query row with no visible key (every key masked by key lengths,
  * per-query lengths, causality or a -INFINITY bias) yields a row of zeros.
  * PyTorch yields NaN there and d2l a uniform average over all keys; libmha
- * chooses zeros so that padded rows stay finite.
+ * chooses zeros so that padded rows stay finite. Keys hidden by key_lens are
+ * never read. On SIMD paths a NaN or Inf in v at a key hidden from one row by
+ * causality, per-query lengths or the bias, but visible to a neighbouring row
+ * of the same tile, can still reach the hidden row (0 * Inf is NaN).
  *
  * Threads: parallel regions use OpenMP and honour omp_set_num_threads and
  * OMP_NUM_THREADS. Results are bitwise identical for any thread count. Calls
@@ -88,8 +91,9 @@ typedef struct mha_mask {
 typedef enum mha_layout { MHA_LAYOUT_BHSD = 0, MHA_LAYOUT_BSHD = 1 } mha_layout;
 
 /* Kernel 2: in-place head transpose. x is [B][S][H][dh] -> [B][H][S][dh] (split)
-   or back (merge). Needs only O(S*H) bits of scratch: MHA_ERR_NOMEM if even that
-   cannot be had, with x untouched. */
+   or back (merge). Scratch per thread is S*H bits plus at most one 256 KiB tile,
+   never a copy of the tensor: MHA_ERR_NOMEM if even that cannot be had, with x
+   untouched. */
 MHA_API mha_status mha_heads_split(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
 MHA_API mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
 

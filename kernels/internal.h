@@ -89,8 +89,6 @@ void mha_exp_array__avx2(const float *x, float *y, int64_t n);
 void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);
 void mha_attn_block__neon(const mha_attn_block *blk);
-size_t mha_transpose_scratch_bytes__neon(int32_t rows, int32_t cols, int32_t elem);
-void mha_transpose__neon(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 #define MHA_EXP_ULP_NEON 1
 void mha_exp_array__neon(const float *x, float *y, int64_t n);
 

@@ -66,14 +66,6 @@ double tol_ratio_f(const float *a, const float *r, int64_t n, double tol)
     return worst;
 }
 
-double max_abs_err(const float *a, const float *r, int64_t n)
-{
-    double worst = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        worst = fmax(worst, fabs((double)a[i] - r[i]));
-    return worst;
-}
-
 void require_env_isa(void)
 {
     const char *env = getenv("MHA_ISA");

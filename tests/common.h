@@ -24,7 +24,6 @@ float *filled_floats(int64_t n, float value);              /* malloc'd; never NU
    either operand where the other is not NaN counts as a failure (returns inf). */
 double tol_ratio(const float *a, const double *r, int64_t n, double tol);
 double tol_ratio_f(const float *a, const float *r, int64_t n, double tol);
-double max_abs_err(const float *a, const float *r, int64_t n);
 
 /* Reads MHA_ISA: exits 77 (skip) when it names an ISA this CPU lacks, so that
    the suite registered once per ISA skips where that ISA cannot run. */

@@ -10,7 +10,7 @@ native=(meson ninja-build pkg-config gcc g++ libcmocka-dev python3-torch python3
 [ "${1:-}" = "--all" ] && native+=(libopenblas-dev libbenchmark-dev python3-matplotlib python3-venv
                                     gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user)
 cross=()
-[ "${1:-}" = "--all" ] && cross=(libcmocka-dev:arm64)
+[ "${1:-}" = "--all" ] && cross=(libcmocka-dev:arm64 libgomp1:arm64)
 
 missing=()
 for p in "${native[@]}" "${cross[@]}"; do
