@@ -40,12 +40,15 @@ PY
 # Configures (or reconfigures) build dir $1 with the remaining options, then builds.
 build() {
   local dir=$1; shift
+  local log
+  log=$(mktemp)
   if [ -f "$dir/build.ninja" ]; then
-    meson setup --reconfigure "$dir" "$@" >/dev/null
+    meson setup --reconfigure "$dir" "$@" >"$log" 2>&1 || { cat "$log"; return 1; }
   else
-    meson setup "$dir" "$@" >/dev/null
+    meson setup "$dir" "$@" >"$log" 2>&1 || { cat "$log"; return 1; }
   fi
-  ninja -C "$dir" >/dev/null
+  ninja -C "$dir" >"$log" 2>&1 || { cat "$log"; return 1; }
+  rm -f "$log"
 }
 
 echo "== native build (warnings as errors)"
