@@ -85,7 +85,10 @@ step "building mha-bench in $build"
 ninja -C "$build" bench/mha-bench >&2
 bench="$build/bench/mha-bench"
 
-export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
+# OpenBLAS workers otherwise spin long after each call and take a core from
+# the libmha call that follows. (No OMP_PROC_BIND: it would pin the main
+# thread, and with it every OpenBLAS worker, to one core.)
+export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OPENBLAS_THREAD_TIMEOUT=4
 mkdir -p "$out"
 rm -f "$out"/mha-bench-*.json "$out"/peers-*.json
 "$bench" $mode --shapes-json >"$out/shapes.json"
