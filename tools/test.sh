@@ -6,6 +6,7 @@
 #  - the whole suite under ASan + UBSan, and under valgrind memcheck for the
 #    scalar and native ISAs (sweeps thinned with MHA_TEST_QUICK);
 #  - the libFuzzer target for MHA_FUZZ_SECONDS (default 60);
+#  - the benchmark harness in --quick mode (it must run; timings are not judged);
 #  - the NEON build cross-compiled for AArch64, its whole suite under qemu.
 # Ends with one line "N passed, M failed, K skipped" over all of them.
 set -euo pipefail
@@ -115,6 +116,15 @@ if bash tools/fuzz.sh "${MHA_FUZZ_SECONDS:-60}"; then
   passed=$((passed + 1))
 else
   echo "fuzzing: FAILED"; failed=$((failed + 1))
+fi
+
+echo "== benchmark harness smoke test (tools/bench.sh --quick, no thresholds)"
+mkdir -p build-bench
+if bash tools/bench.sh --quick --out build-bench/quick >build-bench/quick.log 2>&1; then
+  echo "bench --quick: ok"; passed=$((passed + 1))
+else
+  tail -n 40 build-bench/quick.log
+  echo "bench --quick: FAILED"; failed=$((failed + 1))
 fi
 
 if [ -f tools/cross-test.sh ]; then
