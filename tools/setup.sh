@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Installs what libmha's build, tests and benchmarks need on Debian 12, and
-# nothing when it is all there already. Runs apt-get as root (or via sudo).
+# Installs what libmha needs on Debian 12, and nothing when it is all there
+# already. Runs apt-get as root (or via sudo).
+#   tools/setup.sh          the build and the main job (tools/main.sh)
+#   tools/setup.sh --all    every test too: PyTorch, sanitizers, valgrind,
+#                           libFuzzer, the AArch64 cross build under qemu, and
+#                           the benchmark harness
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-native=(meson ninja-build pkg-config gcc g++ libcmocka-dev python3-torch python3-numpy
-        valgrind clang libclang-rt-14-dev)
-[ "${1:-}" = "--all" ] && native+=(libopenblas-dev libbenchmark-dev python3-matplotlib python3-venv
-                                    gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user)
+native=(meson ninja-build pkg-config gcc libcmocka-dev)
 cross=()
-[ "${1:-}" = "--all" ] && cross=(libcmocka-dev:arm64 libgomp1:arm64)
+if [ "${1:-}" = "--all" ]; then
+  native+=(g++ python3-torch python3-numpy valgrind clang libclang-rt-14-dev libopenblas-dev
+           libbenchmark-dev python3-matplotlib python3-venv gcc-aarch64-linux-gnu
+           g++-aarch64-linux-gnu qemu-user)
+  cross=(libcmocka-dev:arm64 libgomp1:arm64)
+fi
 
 missing=()
 for p in "${native[@]}" "${cross[@]}"; do
