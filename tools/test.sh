@@ -7,7 +7,8 @@
 #    scalar and native ISAs (sweeps thinned with MHA_TEST_QUICK);
 #  - the libFuzzer target for MHA_FUZZ_SECONDS (default 60);
 #  - the benchmark harness in --quick mode (it must run; timings are not judged);
-#  - the NEON build cross-compiled for AArch64, its whole suite under qemu.
+#  - the NEON build cross-compiled for AArch64, its whole suite under qemu, and
+#    its outputs on fixed inputs against the x86 scalar reference.
 # Ends with one line "N passed, M failed, K skipped" over all of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -139,6 +140,15 @@ print(sum(r == "OK" for r in rs), sum(r not in ("OK", "SKIP", "EXPECTEDFAIL") fo
     passed=$((passed + ok)) failed=$((failed + fail)) skipped=$((skipped + skip))
   done
   [ "$cross_rc" -ne 0 ] && failed=$((failed + 1))
+
+  echo "== NEON under qemu against the x86 scalar reference, fixed inputs"
+  MHA_ISA=scalar "$native/tools/mha-dump" >build-aarch64/x86-scalar.bin
+  if MHA_ISA=neon qemu-aarch64 build-aarch64/tools/mha-dump >build-aarch64/neon.bin &&
+     /usr/bin/python3 tools/compare_dumps.py build-aarch64/x86-scalar.bin build-aarch64/neon.bin; then
+    passed=$((passed + 1))
+  else
+    echo "NEON vs x86 scalar: FAILED"; failed=$((failed + 1))
+  fi
 fi
 
 echo
