@@ -1,19 +1,27 @@
 /* Head transpose driver: per batch, an in-place transpose of rows x cols elements
- * of elem floats, each thread with its own scratch allocated up front (so a
- * failure writes nothing).
+ * of elem floats. Position p of an r x c transpose receives the element from
+ *   src(p) = (p % r)*c + p / r,
+ * a permutation whose cycles are moved in one pass, in parallel over cycles: one
+ * thread (the producer) walks every cycle once (integer work on a bitmap) and
+ * spawns OpenMP tasks of about `seg` positions as it goes, which the other threads
+ * run meanwhile:
+ *   - short cycles (<= seg positions): a task moves those whose smallest position
+ *     (leader, a bit in a second bitmap) lies in a range of positions;
+ *   - a long cycle p_0, p_1, ... is cut into segments at every seg-th position,
+ *     each first saved aside; the segment from p_a to p_b-1 moves x[p_j] <- x[p_j+1]
+ *     and closes with the saved copy of x[p_b], so segments never wait for each
+ *     other.
+ * Each element is read and written once; a walker runs ahead of each mover to
+ * prefetch the scattered elements. Any order of moves gives the same permutation,
+ * so the result is bit-identical for every thread count.
  *
- * A large matrix is transposed in two passes so that memory is touched in long
- * runs and both cores work even for one batch. Split one dimension, say
- * rows = r1 * b: the matrix [r1][b][cols] becomes [cols][r1][b] by
- *   (1) the kernel transposing each tile [b][cols] -> [cols][b] in place (a tile
- *       fits in L2, so its cycle following stays in cache; tiles run in parallel);
- *   (2) transposing [r1][cols] of super-elements of b*elem contiguous floats by
- *       cycle following with memcpy (each move streams kilobytes). Each thread
- *       moves its own slice of every super-element, so the threads never touch
- *       the same bytes and need no synchronization.
- * Splitting cols = c1 * b instead runs the same passes in the other order:
- * [rows][c1][b] -> [c1][rows][b] (super-elements), then tiles [rows][b] -> [b][rows].
- * Any order of moves yields the same permutation, bit for bit. */
+ * A matrix of one kernel tile goes to the kernel instead. Elements too small for
+ * scattered moves (under CYCLE_MIN_BYTES) are first grouped: with rows = r1 * b,
+ * the kernel transposes each tile [b][cols] -> [cols][b] in cache, then [r1][cols]
+ * super-elements of b*elem floats are moved as above (cols = c1 * b runs the same
+ * passes in the other order). All scratch is allocated up front, so a failure
+ * writes nothing: two bitmaps of r*c bits, the saved segment starts (at most
+ * 2/seg of the tensor), and one tile or element per thread. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,17 +32,21 @@
 #include "internal.h"
 
 enum {
-    TILE_BYTES = 1 << 18,      /* largest tile of pass (1), sized for L2 */
-    SUPER_MIN_BYTES = 1 << 12, /* smallest super-element worth the extra pass */
-    SLICE_ALIGN = 16,          /* slices of a super-element start on 64-byte lines */
+    SUPER_MIN_BYTES = 1 << 12, /* smallest super-element worth the tile pass */
+    CYCLE_MIN_BYTES = 128,     /* smallest element moved by cycles without the tile pass */
+    UNIT_MIN = 256,            /* positions per unit: at least this, */
+    UNIT_MAX = 4096,           /*   at most this, */
+    UNITS_PER_THREAD = 16,     /*   and about this many units per thread */
+    PF_AHEAD = 32,             /* positions in flight between walker and mover (power of 2) */
+    PF_MAX_LINES = 16,         /* prefetch at most this many 64-byte lines of an element */
 };
 
-/* Largest b dividing d (1 < b < d) with a tile of b * other elements in TILE_BYTES
- * and a super-element of b elements of at least SUPER_MIN_BYTES; 0 if none. */
+/* Largest b dividing d (1 < b < d) with a tile of b * other elements in a kernel
+ * tile and a super-element of b elements of at least SUPER_MIN_BYTES; 0 if none. */
 static int32_t split_factor(int32_t d, int32_t other, int32_t elem)
 {
     const int64_t elem_bytes = (int64_t)elem * (int64_t)sizeof(float);
-    int64_t b = TILE_BYTES / (elem_bytes * other);
+    int64_t b = MHA_TRANSPOSE_TILE_BYTES / (elem_bytes * other);
     if (b > d / 2)
         b = d / 2;
     for (; b > 1 && b * elem_bytes >= SUPER_MIN_BYTES; b--)
@@ -43,63 +55,211 @@ static int32_t split_factor(int32_t d, int32_t other, int32_t elem)
     return 0;
 }
 
-/* Pass (2): floats [lo, hi) of every element of an in-place r x c transpose whose
- * elements are sup floats apart; position p receives the element of
- * (p % r)*c + p / r. done has r*c bits, held hi - lo floats. */
-static void transpose_slice(float *x, int64_t r, int64_t c, int64_t sup, int64_t lo, int64_t hi,
-                            uint64_t *done, float *held)
+/* The cycles of an r x c transpose of elements of sup floats, batch matrices of
+ * `matrix` floats apart; shared by the producer and the tasks. */
+typedef struct cycles {
+    float *x;
+    int32_t batch;
+    int64_t matrix, sup, r, c, n, seg;
+    uint64_t *done;    /* n bits: walked (the producer's alone) */
+    uint64_t *leaders; /* n bits: smallest position of a cycle of <= seg positions */
+    float *saved;      /* slot k of batch b at (k * batch + b) * sup */
+    char *scratch;     /* per bytes per thread; a thread's starts with one held element */
+    size_t per;
+} cycles;
+
+/* 32-bit division when the positions fit: the walks are chains of divisions. */
+static inline int64_t src_of(const cycles *cy, int64_t p)
 {
-    const int64_t n = r * c;
-    const size_t bytes = (size_t)(hi - lo) * sizeof(float);
-    memset(done, 0, (size_t)(n + 63) / 64 * sizeof(uint64_t));
-    x += lo;
-    for (int64_t start = 0; start < n; start++) {
-        if (done[start / 64] >> (start % 64) & 1)
-            continue;
-        memcpy(held, x + start * sup, bytes);
-        int64_t p = start;
-        for (;;) {
-            done[p / 64] |= UINT64_C(1) << (p % 64);
-            const int64_t src = (p % r) * c + p / r;
-            if (src == start)
-                break;
-            memcpy(x + p * sup, x + src * sup, bytes);
-            p = src;
-        }
-        memcpy(x + p * sup, held, bytes);
+    if (cy->n <= UINT32_MAX) {
+        const uint32_t q = (uint32_t)p / (uint32_t)cy->r;
+        return (int64_t)(((uint32_t)p - q * (uint32_t)cy->r) * (uint32_t)cy->c + q);
     }
+    return (p % cy->r) * cy->c + p / cy->r;
 }
 
-static size_t slice_scratch_bytes(int64_t r, int64_t c, int64_t sup)
+/* Saved slots: a long cycle of L > seg positions takes ceil(L / seg) <= 2 floor(L / seg)
+ * of them (one per seg-th position). */
+static int64_t max_slots(int64_t n, int64_t seg)
 {
-    return (size_t)(r * c + 63) / 64 * sizeof(uint64_t) + (size_t)sup * sizeof(float);
+    return 2 * (n / seg);
 }
 
-static size_t max_size(size_t a, size_t b)
+/* Hands out the positions of one unit in moving order; a cycle's or segment's
+ * first position p comes as -(p + 2), and -1 ends the unit. */
+typedef struct walker {
+    const cycles *cy;
+    int64_t first;    /* a segment's first position, -1 once handed out or for leaders */
+    int64_t scan, hi; /* leaders left to start: [scan, hi) */
+    int64_t start;    /* first position of the current cycle, -1 between cycles */
+    int64_t p;        /* last position handed out */
+    int64_t left;     /* positions left in a segment; -1 in a whole cycle */
+} walker;
+
+static int64_t walk_next(walker *w)
 {
-    return a > b ? a : b;
+    if (w->start >= 0) {
+        if (w->left != 0) {
+            const int64_t s = src_of(w->cy, w->p);
+            if (s != w->start) {
+                if (w->left > 0)
+                    w->left--;
+                return w->p = s;
+            }
+        }
+        w->start = -1;
+    }
+    if (w->first >= 0) {
+        w->start = w->p = w->first;
+        w->first = -1;
+        return -(w->start + 2);
+    }
+    const uint64_t *bits = w->cy->leaders;
+    while (w->scan < w->hi) {
+        const uint64_t set = bits[w->scan / 64] & (~UINT64_C(0) << (w->scan % 64));
+        if (!set) {
+            w->scan = (w->scan / 64 + 1) * 64;
+            continue;
+        }
+        const int64_t s = w->scan / 64 * 64 + __builtin_ctzll(set);
+        if (s >= w->hi)
+            break;
+        w->scan = s + 1;
+        w->start = w->p = s;
+        return -(s + 2);
+    }
+    w->scan = w->hi;
+    return -1;
+}
+
+static inline void prefetch_elem(const float *e, size_t bytes)
+{
+    const char *end = (const char *)e + (bytes < PF_MAX_LINES * 64 ? bytes : PF_MAX_LINES * 64);
+    for (const char *l = (const char *)((uintptr_t)e & ~(uintptr_t)63); l < end; l += 64)
+        __builtin_prefetch(l, 1, 3);
+}
+
+/* Moves one unit of the matrix x: each position receives the element of the next
+ * one, the last of a cycle or segment the element `tail`; when held is not NULL,
+ * tail is held and each cycle's first element is copied there before it moves. */
+static void move_unit(float *x, int64_t sup, walker *w, const float *tail, float *held)
+{
+    const size_t bytes = (size_t)sup * sizeof(float);
+    int64_t ring[PF_AHEAD];
+    int32_t head = 0, count = 0;
+    for (; count < PF_AHEAD; count++) {
+        const int64_t q = walk_next(w);
+        if (q == -1)
+            break;
+        ring[count] = q;
+        prefetch_elem(x + (q < 0 ? -q - 2 : q) * sup, bytes);
+    }
+    int64_t last = -1;
+    while (count > 0) {
+        const int64_t q = ring[head];
+        const int64_t next = walk_next(w);
+        if (next == -1) {
+            count--;
+        } else {
+            ring[head] = next;
+            prefetch_elem(x + (next < 0 ? -next - 2 : next) * sup, bytes);
+        }
+        head = (head + 1) % PF_AHEAD;
+        if (q < 0) {
+            if (last >= 0)
+                memcpy(x + last * sup, tail, bytes);
+            last = -q - 2;
+            if (held)
+                memcpy(held, x + last * sup, bytes);
+        } else {
+            memcpy(x + last * sup, x + q * sup, bytes);
+            last = q;
+        }
+    }
+    if (last >= 0)
+        memcpy(x + last * sup, tail, bytes);
 }
 
 #ifdef _OPENMP
-#define THREAD_SCRATCH (scratch + per * (size_t)omp_get_thread_num())
+#define THREAD omp_get_thread_num()
 #else
-#define THREAD_SCRATCH scratch
+#define THREAD 0
 #endif
+#define THREAD_SCRATCH(cy) ((cy)->scratch + (cy)->per * (size_t)THREAD)
 
-/* Pass (2) over all batches: item i is slice i % slices of batch i / slices. */
-static void slices_pass(float *x, int32_t batch, int64_t matrix, int64_t r, int64_t c,
-                        int64_t sup, int slices, char *scratch, size_t per)
+/* A task moving, in every batch, the short cycles whose leaders lie in [lo, hi). */
+static void spawn_leaders(const cycles *cy, int64_t lo, int64_t hi)
 {
-    (void)per;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < (int64_t)batch * slices; i++) {
-        const int64_t s = i % slices;
-        const int64_t lo = sup * s / slices / SLICE_ALIGN * SLICE_ALIGN;
-        const int64_t hi = s + 1 == slices ? sup : sup * (s + 1) / slices / SLICE_ALIGN * SLICE_ALIGN;
-        uint64_t *done = (uint64_t *)THREAD_SCRATCH;
-        transpose_slice(x + i / slices * matrix, r, c, sup, lo, hi, done,
-                        (float *)(done + (r * c + 63) / 64));
+#pragma omp task
+    for (int32_t b = 0; b < cy->batch; b++) {
+        walker w = {.cy = cy, .first = -1, .scan = lo, .hi = hi, .start = -1, .left = -1};
+        float *held = (float *)THREAD_SCRATCH(cy);
+        move_unit(cy->x + b * cy->matrix, cy->sup, &w, held, held);
     }
+}
+
+/* A task moving, in every batch, the len positions of a long cycle from start,
+ * closed by saved slot `tail`. */
+static void spawn_segment(const cycles *cy, int64_t start, int64_t len, int64_t tail)
+{
+#pragma omp task
+    for (int32_t b = 0; b < cy->batch; b++) {
+        walker w = {.cy = cy, .first = start, .start = -1, .left = len - 1};
+        move_unit(cy->x + b * cy->matrix, cy->sup, &w,
+                  cy->saved + (tail * cy->batch + b) * cy->sup, NULL);
+    }
+}
+
+static void save_slot(const cycles *cy, int64_t slot, int64_t p)
+{
+    for (int32_t b = 0; b < cy->batch; b++)
+        memcpy(cy->saved + (slot * cy->batch + b) * cy->sup, cy->x + b * cy->matrix + p * cy->sup,
+               (size_t)cy->sup * sizeof(float));
+}
+
+/* The producer (one thread): walks every cycle once and spawns its work as soon
+ * as it is known. Short-cycle units end on bitmap words, so no task reads a word
+ * the producer still writes. The i-th seg-th position of a long cycle is saved
+ * before segment i-1, the first to write near it, is spawned; segment i starts
+ * there and is spawned once position (i+1)*seg is saved. */
+static void produce(const cycles *cy)
+{
+    const int64_t n = cy->n, seg = cy->seg;
+    memset(cy->done, 0, (size_t)(n + 63) / 64 * sizeof(uint64_t));
+    memset(cy->leaders, 0, (size_t)(n + 63) / 64 * sizeof(uint64_t));
+    int64_t lo = 0, acc = 0, slots = 0;
+    for (int64_t s = 0; s < n; s++) {
+        if (s % 64 == 0 && acc >= seg) {
+            spawn_leaders(cy, lo, s);
+            lo = s;
+            acc = 0;
+        }
+        if (cy->done[s / 64] >> (s % 64) & 1)
+            continue;
+        const int64_t first = slots;
+        int64_t len = 0, p = s, prev = s, mark = seg;
+        do {
+            cy->done[p / 64] |= UINT64_C(1) << (p % 64);
+            if (len == mark) {
+                if (mark == seg)
+                    save_slot(cy, slots++, s);
+                save_slot(cy, slots++, p);
+                spawn_segment(cy, prev, seg, slots - 1);
+                prev = p;
+                mark += seg;
+            }
+            len++;
+            p = src_of(cy, p);
+        } while (p != s);
+        if (len > seg) {
+            spawn_segment(cy, prev, len - (mark - seg), first);
+        } else if (len > 1) {
+            cy->leaders[s / 64] |= UINT64_C(1) << (s % 64);
+            acc += len;
+        }
+    }
+    if (acc > 0)
+        spawn_leaders(cy, lo, n);
 }
 
 mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int32_t rows,
@@ -111,54 +271,61 @@ mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int
     const int threads = 1;
 #endif
     const int64_t matrix = (int64_t)rows * cols * elem;
-    const int big = matrix * (int64_t)sizeof(float) > TILE_BYTES;
-    const int32_t br = big && rows >= cols ? split_factor(rows, cols, elem) : 0;
-    const int32_t bc = big && !br ? split_factor(cols, rows, elem) : 0;
-    /* Slices per super-element: enough to give every thread work when batch is small,
-       each at least SUPER_MIN_BYTES / 4 (sup is at least SUPER_MIN_BYTES). */
-    const int64_t sup = (int64_t)(br ? br : bc) * elem;
-    int slices = batch >= threads ? 1 : (threads + batch - 1) / batch;
-    if (slices > sup * (int64_t)sizeof(float) / (SUPER_MIN_BYTES / 4))
-        slices = (int)(sup * (int64_t)sizeof(float) / (SUPER_MIN_BYTES / 4));
+    const size_t elem_bytes = (size_t)elem * sizeof(float);
+    const int big = matrix * (int64_t)sizeof(float) > MHA_TRANSPOSE_TILE_BYTES;
+    const int group = big && elem_bytes < CYCLE_MIN_BYTES;
+    const int32_t br = group && rows >= cols ? split_factor(rows, cols, elem) : 0;
+    const int32_t bc = group && !br ? split_factor(cols, rows, elem) : 0;
 
-    size_t bytes;
-    if (br)
-        bytes = max_size(kt->transpose_scratch_bytes(br, cols, elem),
-                         slice_scratch_bytes(rows / br, cols, sup));
+    /* The cycles move an r x c matrix of super-elements of sup floats. */
+    const int64_t r = br ? rows / br : rows, c = bc ? cols / bc : cols, n = r * c;
+    const int64_t sup = (int64_t)(br ? br : bc ? bc : 1) * elem;
+    int64_t seg = n / ((int64_t)threads * UNITS_PER_THREAD);
+    seg = seg < UNIT_MIN ? UNIT_MIN : seg > UNIT_MAX ? UNIT_MAX : seg;
+
+    size_t tile = 0;
+    if (!big)
+        tile = kt->transpose_scratch_bytes(rows, cols, elem);
+    else if (br)
+        tile = kt->transpose_scratch_bytes(br, cols, elem);
     else if (bc)
-        bytes = max_size(slice_scratch_bytes(rows, cols / bc, sup),
-                         kt->transpose_scratch_bytes(rows, bc, elem));
-    else
-        bytes = kt->transpose_scratch_bytes(rows, cols, elem);
-    const size_t per = (bytes + 63) / 64 * 64;
-    char *scratch = aligned_alloc(64, per * (size_t)threads);
+        tile = kt->transpose_scratch_bytes(rows, bc, elem);
+    const size_t held = big ? (size_t)sup * sizeof(float) : 0;
+    const size_t per = ((tile > held ? tile : held) + 63) / 64 * 64;
+    const size_t bitmaps = big ? 2 * (size_t)((n + 63) / 64) * sizeof(uint64_t) : 0;
+    const size_t saved = big ? (size_t)batch * (size_t)max_slots(n, seg) * held : 0;
+    char *scratch = aligned_alloc(64, per * (size_t)threads + (bitmaps + saved + 63) / 64 * 64);
     if (!scratch)
         return MHA_ERR_NOMEM;
 
-    if (br) {
-        const int32_t r1 = rows / br;
-        const int64_t tile = (int64_t)br * cols * elem;
-#pragma omp parallel
-        {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < (int64_t)batch * r1; t++)
-                kt->transpose(x + t * tile, br, cols, elem, THREAD_SCRATCH);
-            slices_pass(x, batch, matrix, r1, cols, sup, slices, scratch, per);
-        }
-    } else if (bc) {
-        const int32_t c1 = cols / bc;
-        const int64_t tile = (int64_t)rows * bc * elem;
-#pragma omp parallel
-        {
-            slices_pass(x, batch, matrix, rows, c1, sup, slices, scratch, per);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < (int64_t)batch * c1; t++)
-                kt->transpose(x + t * tile, rows, bc, elem, THREAD_SCRATCH);
-        }
-    } else {
+    if (!big) {
 #pragma omp parallel for schedule(static)
         for (int32_t b = 0; b < batch; b++)
-            kt->transpose(x + b * matrix, rows, cols, elem, THREAD_SCRATCH);
+            kt->transpose(x + b * matrix, rows, cols, elem, scratch + per * (size_t)THREAD);
+        free(scratch);
+        return MHA_OK;
+    }
+    uint64_t *done = (uint64_t *)(scratch + per * (size_t)threads);
+    const cycles cy = {.x = x, .batch = batch, .matrix = matrix, .sup = sup, .r = r, .c = c,
+                       .n = n, .seg = seg, .done = done, .leaders = done + (n + 63) / 64,
+                       .saved = (float *)(done + 2 * ((n + 63) / 64)), .scratch = scratch,
+                       .per = per};
+#pragma omp parallel
+    {
+        if (br) {
+            const int64_t t_floats = (int64_t)br * cols * elem;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (int64_t)batch * r; t++)
+                kt->transpose(x + t * t_floats, br, cols, elem, scratch + per * (size_t)THREAD);
+        }
+#pragma omp single
+        produce(&cy);
+        if (bc) {
+            const int64_t t_floats = (int64_t)rows * bc * elem;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < (int64_t)batch * c; t++)
+                kt->transpose(x + t * t_floats, rows, bc, elem, scratch + per * (size_t)THREAD);
+        }
     }
     free(scratch);
     return MHA_OK;

@@ -44,6 +44,9 @@ typedef struct mha_attn_block {
     int64_t out_stride;
 } mha_attn_block;
 
+/* The largest matrix the driver hands to a transpose kernel: an L2 tile. */
+#define MHA_TRANSPOSE_TILE_BYTES (1 << 18)
+
 typedef struct mha_kernels {
     mha_isa isa;
 
@@ -61,7 +64,8 @@ typedef struct mha_kernels {
     void (*attn_block)(const mha_attn_block *blk);
 
     /* In-place transpose of a rows x cols matrix whose elements are `elem`
-     * contiguous floats (one batch of a head split or merge). scratch holds
+     * contiguous floats, of at most MHA_TRANSPOSE_TILE_BYTES (one batch of a small
+     * head split or merge, or a tile of a large one). scratch holds
      * transpose_scratch_bytes(rows, cols, elem) bytes, 64-byte aligned, owned
      * by the calling thread. */
     size_t (*transpose_scratch_bytes)(int32_t rows, int32_t cols, int32_t elem);
@@ -132,7 +136,7 @@ void mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const floa
                        float *out, mha_layout layout);
 
 /* drive_transpose.c: per-batch in-place transpose of rows x cols elements of elem floats;
- * MHA_ERR_NOMEM (x untouched) when the per-thread scratch cannot be allocated. */
+ * MHA_ERR_NOMEM (x untouched) when the scratch cannot be allocated. */
 mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int32_t rows,
                              int32_t cols, int32_t elem);
 
