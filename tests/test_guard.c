@@ -120,8 +120,9 @@ static void layer_guarded(void **state)
 static void transpose_guarded(void **state)
 {
     (void)state;
-    const int32_t shapes[][4] = {{1, 2, 3, 1}, {2, 5, 3, 7}, {1, 17, 12, 64}, {3, 9, 16, 20},
-                                 {1, 33, 5, 130}};
+    const int32_t shapes[][4] = {{1, 2, 3, 1},   {2, 5, 3, 7},      {1, 17, 12, 64},
+                                 {3, 9, 16, 20}, {1, 33, 5, 130},   {1, 1031, 12, 8},
+                                 {1, 70001, 2, 1}, {2, 300, 16, 20}};
     for (int side = 0; side < 2; side++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             const size_t n = (size_t)shapes[s][0] * shapes[s][1] * shapes[s][2] * shapes[s][3];

@@ -302,8 +302,14 @@ static void qkv_project_head_major(void **state)
 static void split_merge(void **state)
 {
     (void)state;
-    const int32_t shapes[][4] = {{1, 1, 1, 1},  {2, 5, 3, 4},   {1, 7, 16, 20}, {3, 13, 12, 64},
-                                 {1, 128, 12, 1}, {2, 1, 5, 8}, {1, 17, 1, 3},  {2, 33, 9, 130}};
+    /* Small matrices go through the kernel's tile; larger than 256 KiB per batch,
+       through the driver's parallel cycle following (long cycles for prime S,
+       segments, and the tile-first pass for elements under 128 bytes). */
+    const int32_t shapes[][4] = {{1, 1, 1, 1},      {2, 5, 3, 4},      {1, 7, 16, 20},
+                                 {3, 13, 12, 64},   {1, 128, 12, 1},   {2, 1, 5, 8},
+                                 {1, 17, 1, 3},     {2, 33, 9, 130},   {1, 1031, 12, 8},
+                                 {2, 300, 16, 20},  {1, 4099, 3, 64},  {1, 70001, 2, 1},
+                                 {1, 2048, 16, 32}, {3, 509, 12, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int32_t B = shapes[s][0], S = shapes[s][1], H = shapes[s][2], D = shapes[s][3];
         const int64_t n = (int64_t)B * S * H * D;
