@@ -236,7 +236,7 @@ def write_table(out_dir, shapes, isas, rate, info, skipped, memcpy_pct):
         "ONNX Runtime is com.microsoft MultiHeadAttention (with MatMuls around it for "
         "the layer). \"vs peers\" is libmha's best ISA over each peer, "
         "\"SIMD gain\" its best SIMD ISA over scalar, \"% of peak\" libmha's best ISA "
-        "over the best FMA peak (transpose: over a memcpy of the same bytes timed alongside each call).",
+        "over the best FMA peak (transpose: over memcpy; for 64 MiB, a memcpy of the same bytes timed alongside each call).",
         "",
     ]
     head = ["kernel", "shape"] + [f"libmha {i}" for i in isas] + PEER_COLUMNS
