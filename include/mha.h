@@ -60,7 +60,13 @@ MHA_API const char *mha_status_str(mha_status s);
 /* "MAJOR.MINOR.PATCH" */
 MHA_API const char *mha_version(void);
 
-typedef enum mha_isa { MHA_ISA_SCALAR = 0, MHA_ISA_AVX2 = 1, MHA_ISA_NEON = 2 } mha_isa;
+/* New values are only ever appended. */
+typedef enum mha_isa {
+    MHA_ISA_SCALAR = 0,
+    MHA_ISA_AVX2 = 1,
+    MHA_ISA_NEON = 2,
+    MHA_ISA_AVX512 = 3,
+} mha_isa;
 
 /* The ISA that calls use now. */
 MHA_API mha_isa mha_isa_active(void);
@@ -70,10 +76,13 @@ MHA_API int mha_isa_available(mha_isa isa);
    other threads compute: a call already running finishes on the ISA it started
    with, later calls use the new one. MHA_ERR_UNSUPPORTED when unavailable. */
 MHA_API mha_status mha_isa_force(mha_isa isa);
-/* "scalar", "avx2", "neon"; "unknown" for a value outside the enum. */
+/* "scalar", "avx2", "neon", "avx512"; "unknown" for a value outside the enum. */
 MHA_API const char *mha_isa_name(mha_isa isa);
-/* Environment: MHA_ISA=scalar|avx2|neon forces the ISA at first use; an unknown or
-   unavailable name is ignored (the best ISA stays) and reported by tools, never aborts. */
+/* Environment: MHA_ISA=scalar|avx2|neon|avx512 forces the ISA at first use; an unknown
+   or unavailable name is ignored (the best ISA stays) and reported by tools, never aborts.
+   avx2 needs AVX2 and FMA with an OS that saves YMM state (XCR0 bits 1, 2); avx512 needs
+   AVX-512 F, BW, DQ and VL plus FMA, with an OS that saves the opmask and ZMM state
+   (XCR0 bits 1, 2, 5, 6, 7). The default is the fastest ISA the CPU has. */
 
 typedef struct mha_mask {
     const int32_t *key_lens;       /* NULL or [B]: keys j >= key_lens[b] are masked (d2l valid_lens (B,)) */

@@ -9,26 +9,17 @@
 
 static _Atomic(const mha_kernels *) active_table;
 
+/* The tables built in, in the list's order. */
+#define TABLE_ADDRESS_(name, value) &mha_kernels_##name,
+static const mha_kernels *const built_tables[] = {MHA_ISA_BUILT(TABLE_ADDRESS_)};
+
 const mha_kernels *mha_kernels_for(mha_isa isa)
 {
     if (!mha_cpu_supports(isa))
         return NULL;
-    switch (isa) {
-    case MHA_ISA_SCALAR:
-        return &mha_kernels_scalar;
-    case MHA_ISA_AVX2:
-#if defined(MHA_HAVE_AVX2)
-        return &mha_kernels_avx2;
-#else
-        return NULL;
-#endif
-    case MHA_ISA_NEON:
-#if defined(MHA_HAVE_NEON)
-        return &mha_kernels_neon;
-#else
-        return NULL;
-#endif
-    }
+    for (size_t i = 0; i < sizeof built_tables / sizeof *built_tables; i++)
+        if (built_tables[i]->isa == isa)
+            return built_tables[i];
     return NULL;
 }
 
@@ -38,6 +29,8 @@ static const mha_kernels *initial_table(void)
     for (int i = 0; env && i < MHA_ISA_COUNT; i++)
         if (strcmp(env, mha_isa_name((mha_isa)i)) == 0 && mha_kernels_for((mha_isa)i))
             return mha_kernels_for((mha_isa)i);
+    /* The fastest the CPU has: of the ISAs of one architecture, a later one in
+       the list is a superset of an earlier one (avx512 of avx2). */
     for (int i = MHA_ISA_COUNT - 1; i >= 0; i--)
         if (mha_kernels_for((mha_isa)i))
             return mha_kernels_for((mha_isa)i);
@@ -76,15 +69,13 @@ mha_status mha_isa_force(mha_isa isa)
     return MHA_OK;
 }
 
+#define NAME_CASE_(name, value) \
+    case value:                 \
+        return #name;
 const char *mha_isa_name(mha_isa isa)
 {
     switch (isa) {
-    case MHA_ISA_SCALAR:
-        return "scalar";
-    case MHA_ISA_AVX2:
-        return "avx2";
-    case MHA_ISA_NEON:
-        return "neon";
+        MHA_ISA_LIST(NAME_CASE_)
     }
     return "unknown";
 }

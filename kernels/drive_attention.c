@@ -4,8 +4,6 @@
  * the additive bias, which the kernel applies. */
 #include "internal.h"
 
-enum { ATTN_ROWS_MAX = 256 /* attn_block_rows of any table */ };
-
 /* Keys visible to query row i of batch b form a prefix: j < kv_end. */
 static int32_t visible_keys(const mha_attn_dims *d, const mha_mask *mask, int32_t b, int32_t i)
 {
@@ -36,7 +34,7 @@ void mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const floa
 
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; item++) {
-        int32_t kv_end[ATTN_ROWS_MAX];
+        int32_t kv_end[MHA_ATTN_ROWS_MAX];
         const int32_t b = (int32_t)(item / (H * qblocks));
         const int32_t h = (int32_t)(item / qblocks % H);
         const int32_t i0 = (int32_t)(item % qblocks) * br;

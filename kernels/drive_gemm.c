@@ -5,13 +5,6 @@
  * the same for any thread count. */
 #include "internal.h"
 
-enum {
-    GEMM_KC_MAX = 1024,     /* k is split into equal blocks of at most this many */
-    GEMM_MC = 96,           /* rows of A per work item (rounded to gemm_mr) */
-    GEMM_W_BYTES = 1 << 18, /* packed W per work item, sized for L2 */
-    TILE_MAX = 512,         /* gemm_mr * gemm_nr of any table */
-};
-
 void mha_pack_weights(const float *w, int32_t n, int32_t k, int32_t nr, float *packed)
 {
     const int32_t panels = (n + nr - 1) / nr;
@@ -32,7 +25,7 @@ static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t
                           int32_t nr, const float *tile, int first)
 {
     const float *bias = first && s->bias ? s->bias + c0 : NULL;
-    int64_t coff[TILE_MAX];
+    int64_t coff[MHA_GEMM_TILE_MAX];
     int32_t blk = c0 / s->cols, cin = c0 % s->cols;
     const int contiguous = cin + nc <= s->cols;
     for (int32_t j = 0; j < nc; j++) {
@@ -78,11 +71,11 @@ void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, i
     if (m <= 0)
         return;
     const int32_t mr = kt->gemm_mr, nr = kt->gemm_nr;
-    /* Row blocks of about GEMM_MC rows, all of nearly equal size so that threads
+    /* Row blocks of about gemm_mc rows, all of nearly equal size so that threads
        share the work evenly, rounded up to whole tiles. */
-    const int64_t mparts = (m + GEMM_MC - 1) / GEMM_MC;
+    const int64_t mparts = (m + kt->gemm_mc - 1) / kt->gemm_mc;
     const int64_t mc = ((m + mparts - 1) / mparts + mr - 1) / mr * mr;
-    const int32_t kblocks = (k + GEMM_KC_MAX - 1) / GEMM_KC_MAX;
+    const int32_t kblocks = (k + kt->gemm_kc_max - 1) / kt->gemm_kc_max;
     const int32_t kc = (k + kblocks - 1) / kblocks;
 
     /* Panels of all segments in one index space: panel_start[s] is the first of segment s. */
@@ -91,14 +84,14 @@ void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, i
         panel_start[s + 1] = panel_start[s] + (segs[s].n + nr - 1) / nr;
     const int64_t panels = panel_start[nsegs];
     const int64_t panel_bytes = (int64_t)k * nr * (int64_t)sizeof(float);
-    const int64_t group = panel_bytes >= GEMM_W_BYTES ? 1 : GEMM_W_BYTES / panel_bytes;
+    const int64_t group = panel_bytes >= kt->gemm_w_bytes ? 1 : kt->gemm_w_bytes / panel_bytes;
     const int64_t groups = (panels + group - 1) / group;
     const int64_t mblocks = (m + mc - 1) / mc;
     const int64_t items = mblocks * groups;
 
 #pragma omp parallel for schedule(static)
     for (int64_t item = 0; item < items; item++) {
-        float tile[TILE_MAX];
+        float tile[MHA_GEMM_TILE_MAX];
         const int64_t m_begin = item / groups * mc;
         const int64_t m_end = m_begin + mc < m ? m_begin + mc : m;
         const int64_t p_begin = item % groups * group;
@@ -106,7 +99,7 @@ void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, i
         for (int32_t k0 = 0; k0 < k; k0 += kc) {
             const int32_t kcur = k - k0 < kc ? k - k0 : kc;
             /* Each row tile of A (mr x kc) stays in L1 while the item's W panels
-               (GEMM_W_BYTES, in L2) stream past it. */
+               (gemm_w_bytes, in L2) stream past it. */
             for (int64_t m0 = m_begin; m0 < m_end; m0 += mr) {
                 const int32_t mcur = (int32_t)(m_end - m0 < mr ? m_end - m0 : mr);
                 int s = 0;

@@ -10,9 +10,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa_list.h"
 #include "mha.h"
 
-#define MHA_ISA_COUNT 3
+/* Limits of the drivers' stack arrays that every table must respect; each
+ * table.c checks its sizes with MHA_TABLE_LIMITS at compile time. */
+#define MHA_GEMM_TILE_MAX 512  /* gemm_mr * gemm_nr */
+#define MHA_ATTN_ROWS_MAX 256  /* attn_block_rows */
+#define MHA_TABLE_LIMITS(mr, nr, attn_rows)                                          \
+    _Static_assert((mr) * (nr) <= MHA_GEMM_TILE_MAX, "GEMM tile above the driver's"); \
+    _Static_assert((attn_rows) <= MHA_ATTN_ROWS_MAX, "attention block above the driver's")
 
 /* Packed weights for a GEMM with nn.Linear's W [n][k]: panels of nr output
  * columns, panel p holding W[p*nr + j][kk] at w[(p*k + kk)*nr + j], columns
@@ -56,6 +63,10 @@ typedef struct mha_kernels {
      * mr-1: they may repeat row mr-1 or hold anything. kc >= 1; w is a packed
      * panel (see mha_packed_floats) advanced to the block's first k. */
     int32_t gemm_mr, gemm_nr;
+    /* Blocking of the GEMM driver, per ISA as BLIS keeps it: a work item is about
+     * gemm_mc rows of A (rounded to gemm_mr) times gemm_w_bytes of packed W; k is
+     * cut into equal blocks of at most gemm_kc_max. */
+    int32_t gemm_mc, gemm_kc_max, gemm_w_bytes;
     void (*gemm_tile)(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                       float *tile);
 
@@ -70,6 +81,13 @@ typedef struct mha_kernels {
      * by the calling thread. */
     size_t (*transpose_scratch_bytes)(int32_t rows, int32_t cols, int32_t elem);
     void (*transpose)(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+
+    /* The vector exp of the attention: y[i] = exp(x[i]) for x[i] <= 0 (the softmax
+     * range), n >= 0, within exp_ulp ulp of expf over [-87.3, 0] (the bound is
+     * derived in the kernel's source, checked by tests/test_exp.c); -INFINITY
+     * gives 0. NULL for the scalar reference, which calls expf. */
+    void (*exp_array)(const float *x, float *y, int64_t n);
+    int32_t exp_ulp;
 } mha_kernels;
 
 /* The kernels of each ISA, named <what>__<isa>; their tables are in <isa>/table.c. */
@@ -84,25 +102,21 @@ void mha_gemm_6x16__avx2(int32_t mr, int32_t kc, const float *a, int64_t lda, co
 void mha_attn_block__avx2(const mha_attn_block *blk);
 size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
-/* y[i] = exp(x[i]) for x[i] <= 0 (the softmax range), n >= 0, within
-   MHA_EXP_ULP_<ISA> ulp of expf over [-87.3, 0] (measured in attention.c,
-   checked by tests/test_exp.c); -INFINITY gives 0. */
-#define MHA_EXP_ULP_AVX2 1
 void mha_exp_array__avx2(const float *x, float *y, int64_t n);
+
+/* The AVX-512 attention and transpose are declared with the GEMM tile (below). */
+void mha_attn_block__avx512(const mha_attn_block *blk);
+size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem);
+void mha_transpose__avx512(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+void mha_exp_array__avx512(const float *x, float *y, int64_t n);
 
 void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);
 void mha_attn_block__neon(const mha_attn_block *blk);
-#define MHA_EXP_ULP_NEON 1
 void mha_exp_array__neon(const float *x, float *y, int64_t n);
 
-extern const mha_kernels mha_kernels_scalar;
-#if defined(MHA_HAVE_AVX2)
-extern const mha_kernels mha_kernels_avx2;
-#endif
-#if defined(MHA_HAVE_NEON)
-extern const mha_kernels mha_kernels_neon;
-#endif
+#define MHA_DECLARE_TABLE_(name, value) extern const mha_kernels mha_kernels_##name;
+MHA_ISA_LIST(MHA_DECLARE_TABLE_)
 
 /* cpu.c: does this CPU (and OS) support the ISA? Scalar is always supported. */
 int mha_cpu_supports(mha_isa isa);

@@ -71,7 +71,7 @@ void require_env_isa(void)
     const char *env = getenv("MHA_ISA");
     if (!env)
         return;
-    for (int i = 0; i <= MHA_ISA_NEON; i++)
+    for (int i = 0; i < MHA_ISA_COUNT; i++)
         if (strcmp(env, mha_isa_name((mha_isa)i)) == 0) {
             if (!mha_isa_available((mha_isa)i)) {
                 printf("MHA_ISA=%s: not available on this CPU or build, skipping\n", env);

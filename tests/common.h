@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa_list.h"
 #include "mha.h"
 #include "ref64.h"
 

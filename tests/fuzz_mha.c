@@ -103,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             "scalar layer");
     memcpy(tw, q, nq * sizeof(float));
     require(mha_heads_split(tw, B, Sq, H, dh) == MHA_OK, "scalar split");
-    for (int isa = MHA_ISA_AVX2; isa <= MHA_ISA_NEON; isa++) {
+    for (int isa = MHA_ISA_SCALAR + 1; isa < MHA_ISA_COUNT; isa++) {
         if (!mha_isa_available((mha_isa)isa))
             continue;
         require(mha_isa_force((mha_isa)isa) == MHA_OK, "force isa");

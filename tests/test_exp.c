@@ -1,6 +1,6 @@
 /* The vectorized exp of the active ISA against expf: every n-th float in
  * [-87.3, 0] (n = 97, or 9973 with MHA_TEST_QUICK) plus the ends, within the
- * ulp bound its source states (MHA_EXP_ULP_* in internal.h); -INFINITY gives 0
+ * ulp bound its source states (exp_ulp in its kernel table); -INFINITY gives 0
  * and odd lengths exercise the masked tail. Registered for SIMD ISAs only. */
 #include <math.h>
 #include <setjmp.h>
@@ -19,20 +19,9 @@ typedef void (*exp_fn)(const float *x, float *y, int64_t n);
 
 static exp_fn isa_exp(int *bound)
 {
-    switch (mha_isa_active()) {
-#if defined(MHA_HAVE_AVX2)
-    case MHA_ISA_AVX2:
-        *bound = MHA_EXP_ULP_AVX2;
-        return mha_exp_array__avx2;
-#endif
-#if defined(MHA_HAVE_NEON)
-    case MHA_ISA_NEON:
-        *bound = MHA_EXP_ULP_NEON;
-        return mha_exp_array__neon;
-#endif
-    default:
-        return NULL;
-    }
+    const mha_kernels *kt = mha_kernels_for(mha_isa_active());
+    *bound = kt->exp_ulp;
+    return kt->exp_array;
 }
 
 static int64_t ulps(float a, float b)

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "isa_list.h"
 #include "mha.h"
 #include "ref64.h"
 
@@ -28,7 +29,7 @@ typedef struct stat_cell {
     double abs_err, rel_err, ratio;
     long checks;
 } stat_cell;
-static stat_cell stats[NKERNEL][3]; /* [kernel][isa] */
+static stat_cell stats[NKERNEL][MHA_ISA_COUNT]; /* [kernel][isa] */
 static stat_cell stats_ref[NKERNEL]; /* scalar vs float64 */
 
 typedef struct shape {
@@ -169,7 +170,7 @@ static void validate_shape(const shape *s, int with_float64)
         double *r[NKERNEL] = {to_double(ref.qkv, 3 * nq), to_double(ref.attn, nq),
                               to_double(ref.split, nq),
                               s->Sq == s->Skv ? to_double(ref.layer, nout) : NULL};
-        for (int isa = MHA_ISA_AVX2; isa <= MHA_ISA_NEON; isa++) {
+        for (int isa = MHA_ISA_SCALAR + 1; isa < MHA_ISA_COUNT; isa++) {
             if (!mha_isa_available((mha_isa)isa))
                 continue;
             run_isa((mha_isa)isa, s, L, x, qkv_in, &masks[m], &got);
@@ -227,7 +228,7 @@ static void time_layer(const shape *s)
     double scalar_ms = 0;
     printf("\nlayer forward, B=%d S=%d d_model=%d heads=%d (median of runs):\n", s->B, s->Sq,
            s->E, s->H);
-    for (int isa = 0; isa <= MHA_ISA_NEON; isa++) {
+    for (int isa = 0; isa < MHA_ISA_COUNT; isa++) {
         if (!mha_isa_available((mha_isa)isa))
             continue;
         check(mha_isa_force((mha_isa)isa), "mha_isa_force");
@@ -271,7 +272,7 @@ static void print_cpu(void)
     if (f)
         fclose(f);
     printf("libmha %s\nCPU: %s\nISAs:", mha_version(), model);
-    for (int isa = 0; isa <= MHA_ISA_NEON; isa++)
+    for (int isa = 0; isa < MHA_ISA_COUNT; isa++)
         printf(" %s=%s", mha_isa_name((mha_isa)isa),
                mha_isa_available((mha_isa)isa) ? "yes" : "no");
     printf("; active: %s\n", mha_isa_name(mha_isa_active()));
@@ -294,7 +295,7 @@ static int print_table(void)
                    kernel_names[k], "scalar", c->checks, c->abs_err, c->rel_err, c->ratio,
                    ok ? "ok" : "FAIL", TOL_REF);
         }
-        for (int isa = MHA_ISA_AVX2; isa <= MHA_ISA_NEON; isa++) {
+        for (int isa = MHA_ISA_SCALAR + 1; isa < MHA_ISA_COUNT; isa++) {
             c = &stats[k][isa];
             if (!c->checks)
                 continue;

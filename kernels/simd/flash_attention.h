@@ -1,0 +1,339 @@
+/* The fused attention block (flash-attention style) written once over a thin
+ * SIMD layer, for every ISA whose vectors run across query rows. An ISA's
+ * attention.c includes its simd.h (the vf/vi/vm types and operations), defines
+ * its register tiles and their sizes, then includes this file and wraps
+ * flash_attn_block() and simd_exp_array() under its own names:
+ *
+ *   QK_KEYS x QK_ROWS   score tile: st[j][r] (+)= sum_d K[j][d] qt[d][r] over a
+ *                       head_dim chunk, QK_ROWS a multiple of VF_LANES
+ *       qk_tile(dc, kp[QK_KEYS], qt, rp, st, accumulate)
+ *   PV_ROWS x PV_COLS   o[i] = alpha[i] o[i] + sum_j p[j*pp + i] v[j] for PV_ROWS
+ *                       rows, storing the first `valid`; pv_tail does the last
+ *                       1..PV_TAIL_COLS columns of head_dim
+ *       pv_tile(jn, p, pp, v, ldv, o[PV_ROWS], alpha[PV_ROWS], valid)
+ *       pv_tail(jn, p, pp, v, ldv, o[PV_ROWS], alpha[PV_ROWS], valid, cols)
+ *   BC                  keys per tile, a multiple of QK_KEYS
+ *   RB, RB_L2           rows per pass when K and V stream from memory, and when
+ *                       they sit in L2 (multiples of QK_ROWS)
+ *
+ * Layout. Q is packed once per pass transposed and scaled, qt[d][r] (rows padded
+ * with zeros to a multiple of QK_ROWS), so the score tile is computed
+ * transposed, broadcasting K straight from memory: no per-tile packing of K.
+ * Vectors run across query rows, so the softmax statistics m and l are vectors
+ * too and need no horizontal reductions. P.V broadcasts p from st and loads V
+ * rows straight from memory; the output rows are the accumulator. head_dim is
+ * cut in chunks for the packed Q (resuming each FMA chain from the stored
+ * partial sum keeps every bit), so the pass has a fixed size for any head_dim.
+ *
+ * Determinism: every row's arithmetic (the FMA chain over d, the order of the
+ * keys, the exp, the sums over j in one lane) is the same whatever the other
+ * rows of the block are; keys a row does not see add exact zeros, and a tile
+ * that a row does not see at all leaves its m, l and O untouched (alpha is
+ * exp(0) = 1 exactly), so skipping it for the whole block changes nothing. */
+#ifndef MHA_SIMD_FLASH_ATTENTION_H
+#define MHA_SIMD_FLASH_ATTENTION_H
+
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum {
+    QT_FLOATS = 128 * RB,      /* packed Q^T: head_dim chunks of QT_FLOATS / padded rows */
+    KV_L2_FLOATS = 128 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
+};
+_Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
+                   && QK_ROWS % VF_LANES == 0 && RB % VF_LANES == 0,
+               "tile sizes of the ISA's attention");
+
+/* Rows per pass: RB_L2 keep a pass's tiles in L1 when K and V come from L2;
+ * when they stream from further away, RB rows cut that traffic (if head_dim
+ * still fits one chunk of the packed Q). Results do not depend on this choice. */
+static int32_t pass_rows(const mha_attn_block *blk)
+{
+    const int64_t kv = 2 * (int64_t)blk->seq_kv * blk->head_dim;
+    return kv > KV_L2_FLOATS && blk->head_dim <= QT_FLOATS / RB ? RB : RB_L2;
+}
+
+/* exp over an array, in vectors then a masked tail. */
+static void simd_exp_array(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + VF_LANES <= n; i += VF_LANES)
+        vf_storeu(y + i, vf_exp(vf_loadu(x + i)));
+    if (i < n)
+        vf_storeu_n(y + i, (int32_t)(n - i), vf_exp(vf_loadu_n(x + i, (int32_t)(n - i))));
+}
+
+/* The state of one pass over up to RB query rows. */
+typedef struct pass {
+    const mha_attn_block *blk;
+    int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st) */
+    int32_t dc;      /* head_dim chunk: QT_FLOATS / rp */
+    const float *q;  /* row 0 of the pass */
+    const float *bias;
+    float *out;
+    _Alignas(64) int32_t ke[RB]; /* kv_end, 0 for padding rows */
+    _Alignas(64) float m[RB], l[RB], alpha[RB];
+    _Alignas(64) float qt[QT_FLOATS];
+    _Alignas(64) float st[BC * RB];
+    float ptail[BC * PV_ROWS]; /* P of a last group of fewer than PV_ROWS rows, padded */
+} pass;
+
+/* qt[d][r] = scale * q[r][d0 + d] for d < dc, zero for padding rows: with the
+ * scale folded into Q, the scores need no multiply. */
+static void pack_qt(pass *ps, int32_t d0, int32_t dc)
+{
+    const float scale = ps->blk->scale;
+    for (int32_t r = 0; r < ps->rp; r++) {
+        const float *qr = ps->q + r * ps->blk->q_stride + d0;
+        for (int32_t d = 0; d < dc; d++)
+            ps->qt[d * ps->rp + r] = r < ps->nr ? scale * qr[d] : 0.0f;
+    }
+}
+
+/* Does any row see a key of [j0, j0 + jn) whose bias is not -INFINITY? */
+static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
+{
+    for (int32_t r = 0; r < ps->nr; r++) {
+        const float *b = ps->bias + r * ps->blk->bias_stride + j0;
+        const int32_t n = ps->ke[r] - j0 < jn ? ps->ke[r] - j0 : jn;
+        for (int32_t j = 0; j < n; j++)
+            if (b[j] != -INFINITY)
+                return 1;
+    }
+    return 0;
+}
+
+/* Asks for K and V of keys [j0, j1) in L2 (both contiguous), so that the next
+ * tile does not wait on memory when K and V are larger than the caches. */
+static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
+{
+    const int64_t end = (int64_t)j1 * blk->head_dim;
+    for (int64_t i = (int64_t)j0 * blk->head_dim; i < end; i += 16) {
+        __builtin_prefetch(blk->k + i, 0, 2);
+        __builtin_prefetch(blk->v + i, 0, 2);
+    }
+}
+
+/* Keys of [j0, j0 + jn) that some row r of [r0, r1) sees: j < kv_end[r]. */
+static int32_t keys_seen(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int32_t jn)
+{
+    int32_t end = 0;
+    for (int32_t r = r0; r < r1; r++)
+        end = ps->ke[r] > end ? ps->ke[r] : end;
+    return end - j0 < jn ? end - j0 : jn;
+}
+
+/* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of head_dim. A row
+ * group skips the key groups that none of its rows sees, which trims the
+ * causal diagonal; their entries get -inf (the softmax masks them anyway, but
+ * they are never left uninitialized). */
+static void scores(pass *ps, int32_t j0, int32_t jn)
+{
+    const int32_t dh = ps->blk->head_dim;
+    for (int32_t d0 = 0; d0 < dh; d0 += ps->dc) {
+        const int32_t dc = dh - d0 < ps->dc ? dh - d0 : ps->dc;
+        if (dh > ps->dc)
+            pack_qt(ps, d0, dc);
+        for (int32_t jg = 0; jg < jn; jg += QK_KEYS) {
+            const float *kp[QK_KEYS];
+            for (int i = 0; i < QK_KEYS; i++) /* keys past the tile repeat its last one */
+                kp[i] = ps->blk->k + (int64_t)(j0 + (jg + i < jn ? jg + i : jn - 1)) * dh + d0;
+            for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
+                float *st = ps->st + jg * ps->rp + rg;
+                if (jg < keys_seen(ps, rg, rg + QK_ROWS, j0, jn))
+                    qk_tile(dc, kp, ps->qt + rg, ps->rp, st, d0 > 0);
+                else
+                    for (int i = 0; i < QK_KEYS; i++)
+                        for (int32_t c = 0; c < QK_ROWS; c += VF_LANES)
+                            vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
+            }
+        }
+    }
+}
+
+/* st[j][r] += bias[r][j0 + j] for rows r < nr, keys j < jn (all inside the bias
+ * tensor). A bias shared by all rows (stride 0, BERT's [B,1,1,S]) is broadcast;
+ * otherwise VF_LANES x VF_LANES blocks are transposed in registers. */
+static void add_bias(pass *ps, int32_t j0, int32_t jn)
+{
+    const int64_t bs = ps->blk->bias_stride;
+    if (bs == 0) {
+        for (int32_t j = 0; j < jn; j++) {
+            const vf b = vf_set1(ps->bias[j0 + j]);
+            float *s = ps->st + j * ps->rp;
+            for (int32_t r = 0; r < ps->nr; r += VF_LANES)
+                vf_store(s + r, vf_add(vf_load(s + r), b));
+        }
+        return;
+    }
+    int32_t rg = 0;
+    for (; rg + VF_LANES <= ps->nr; rg += VF_LANES) {
+        const float *b = ps->bias + rg * bs + j0;
+        int32_t j = 0;
+        for (; j + VF_LANES <= jn; j += VF_LANES) {
+            vf a[VF_LANES];
+            for (int i = 0; i < VF_LANES; i++)
+                a[i] = vf_loadu(b + i * bs + j);
+            vf_transpose(a);
+            for (int i = 0; i < VF_LANES; i++) {
+                float *s = ps->st + (j + i) * ps->rp + rg;
+                vf_store(s, vf_add(vf_load(s), a[i]));
+            }
+        }
+        for (; j < jn; j++)
+            for (int32_t i = 0; i < VF_LANES; i++)
+                ps->st[j * ps->rp + rg + i] += b[i * bs + j];
+    }
+    for (int32_t r = rg; r < ps->nr; r++)
+        for (int32_t j = 0; j < jn; j++)
+            ps->st[j * ps->rp + r] += ps->bias[r * bs + j0 + j];
+}
+
+/* The online softmax for one tile, per row (vector lanes across rows):
+ *   s_j = (scale q).k_j + bias_j for visible keys, -inf for the others
+ *   m' = max(m, max_j s_j);   P_j = exp(s_j - m');   alpha = exp(m - m')
+ *   l' = alpha l + sum_j P_j; (then O' = diag(alpha) O + P V in pv)
+ * A row that has seen no visible key yet has m' = -inf: it uses 0 in place of
+ * m', so P = 0 and alpha = 0 (O and l stay 0) instead of NaN. st becomes P. */
+static void softmax_tile(pass *ps, int32_t j0, int32_t jn)
+{
+    const vf ninf = vf_set1(-INFINITY);
+    for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
+        const vi ke = vi_load(ps->ke + g);
+        vf mt = ninf;
+        if (vm_all(vi_gt(ke, j0 + jn - 1))) {
+            for (int32_t j = 0; j < jn; j++) /* every row sees the whole tile */
+                mt = vf_max(mt, vf_load(ps->st + j * ps->rp + g));
+        } else {
+            for (int32_t j = 0; j < jn; j++) {
+                float *sp = ps->st + j * ps->rp + g;
+                const vf s = vf_select(vi_gt(ke, j0 + j), vf_load(sp), ninf);
+                vf_store(sp, s);
+                mt = vf_max(mt, s);
+            }
+        }
+        const vf m = vf_load(ps->m + g);
+        const vf mn = vf_max(m, mt);
+        const vf mu = vf_select(vf_eq(mn, ninf), vf_zero(), mn);
+        const vf alpha = vf_exp(vf_sub(m, mu));
+        vf sum = vf_zero();
+        for (int32_t j = 0; j < jn; j++) {
+            float *sp = ps->st + j * ps->rp + g;
+            const vf p = vf_exp(vf_sub(vf_load(sp), mu));
+            vf_store(sp, p);
+            sum = vf_add(sum, p);
+        }
+        vf_store(ps->m + g, mn);
+        vf_store(ps->l + g, vf_fmadd(alpha, vf_load(ps->l + g), sum));
+        vf_store(ps->alpha + g, alpha);
+    }
+}
+
+/* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A row group
+ * stops at the last key any of its rows sees (P is 0 past it), and a group
+ * that sees none of the tile keeps O (alpha is 1 or O is 0). */
+static void pv(pass *ps, int32_t j0, int32_t jn)
+{
+    const int32_t dh = ps->blk->head_dim;
+    const float *v = ps->blk->v + (int64_t)j0 * dh;
+    for (int32_t rg = 0; rg < ps->nr; rg += PV_ROWS) {
+        const int valid = ps->nr - rg < PV_ROWS ? ps->nr - rg : PV_ROWS;
+        const int32_t jv = keys_seen(ps, rg, rg + valid, j0, jn);
+        if (jv <= 0)
+            continue;
+        const float *p = ps->st + rg;
+        int32_t pp = ps->rp;
+        float *o[PV_ROWS];
+        vf alpha[PV_ROWS];
+        for (int i = 0; i < PV_ROWS; i++) { /* rows past the pass repeat its last one */
+            const int32_t r = i < valid ? rg + i : ps->nr - 1;
+            o[i] = ps->out + r * ps->blk->out_stride;
+            alpha[i] = vf_set1(ps->alpha[r]);
+        }
+        if (valid < PV_ROWS) {
+            for (int32_t j = 0; j < jv; j++)
+                for (int i = 0; i < PV_ROWS; i++)
+                    ps->ptail[j * PV_ROWS + i] =
+                        ps->st[j * ps->rp + (i < valid ? rg + i : ps->nr - 1)];
+            p = ps->ptail;
+            pp = PV_ROWS;
+        }
+        float *od[PV_ROWS];
+        int32_t d = 0;
+        for (; d + PV_COLS <= dh; d += PV_COLS) {
+            for (int i = 0; i < PV_ROWS; i++)
+                od[i] = o[i] + d;
+            pv_tile(jv, p, pp, v + d, dh, od, alpha, valid);
+        }
+        for (; d < dh; d += PV_TAIL_COLS) {
+            for (int i = 0; i < PV_ROWS; i++)
+                od[i] = o[i] + d;
+            pv_tail(jv, p, pp, v + d, dh, od, alpha, valid,
+                    dh - d < PV_TAIL_COLS ? dh - d : PV_TAIL_COLS);
+        }
+    }
+}
+
+static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
+{
+    pass ps_storage;
+    pass *ps = &ps_storage;
+    const int32_t dh = blk->head_dim;
+    ps->blk = blk;
+    ps->nr = nr;
+    ps->rp = (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
+    ps->q = blk->q + r0 * blk->q_stride;
+    ps->bias = blk->bias ? blk->bias + r0 * blk->bias_stride : NULL;
+    ps->out = blk->out + r0 * blk->out_stride;
+
+    int32_t jmax = 0;
+    for (int32_t r = 0; r < ps->rp; r++) {
+        ps->ke[r] = r < nr ? blk->kv_end[r0 + r] : 0;
+        jmax = ps->ke[r] > jmax ? ps->ke[r] : jmax;
+        ps->m[r] = -INFINITY;
+        ps->l[r] = 0.0f;
+    }
+    for (int32_t r = 0; r < nr; r++)
+        memset(ps->out + r * blk->out_stride, 0, (size_t)dh * sizeof(float));
+    ps->dc = QT_FLOATS / ps->rp;
+    if (dh <= ps->dc)
+        pack_qt(ps, 0, dh);
+
+    /* Keys past the block's last visible one are never read. */
+    for (int32_t j0 = 0; j0 < jmax; j0 += BC) {
+        const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
+        if (ps->bias && !tile_visible(ps, j0, jn))
+            continue;
+        if (j0 + jn < jmax)
+            prefetch_tile(blk, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
+        scores(ps, j0, jn);
+        if (ps->bias)
+            add_bias(ps, j0, jn);
+        softmax_tile(ps, j0, jn);
+        pv(ps, j0, jn);
+    }
+
+    /* O /= l; rows that saw no key have l = 0 and O = 0 and stay zeros. */
+    for (int32_t r = 0; r < nr; r++) {
+        if (ps->l[r] == 0.0f)
+            continue;
+        float *o = ps->out + r * blk->out_stride;
+        const vf l = vf_set1(ps->l[r]);
+        int32_t d = 0;
+        for (; d + VF_LANES <= dh; d += VF_LANES)
+            vf_storeu(o + d, vf_div(vf_loadu(o + d), l));
+        if (d < dh)
+            vf_storeu_n(o + d, dh - d, vf_div(vf_loadu_n(o + d, dh - d), l));
+    }
+}
+
+static void flash_attn_block(const mha_attn_block *blk)
+{
+    const int32_t pr = pass_rows(blk);
+    for (int32_t r0 = 0; r0 < blk->rows; r0 += pr)
+        attend_pass(blk, r0, blk->rows - r0 < pr ? blk->rows - r0 : pr);
+}
+
+#endif
