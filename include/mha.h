@@ -20,13 +20,20 @@
  * per-query lengths, causality or a -INFINITY bias) yields a row of zeros.
  * PyTorch yields NaN there and d2l a uniform average over all keys; libmha
  * chooses zeros so that padded rows stay finite. Keys hidden by key_lens are
- * never read. On SIMD paths a NaN or Inf in v at a key hidden from one row by
- * causality, per-query lengths or the bias, but visible to a neighbouring row
- * of the same tile, can still reach the hidden row (0 * Inf is NaN).
+ * never read.
  *
- * Threads: parallel regions use OpenMP and honour omp_set_num_threads and
- * OMP_NUM_THREADS. Results are bitwise identical for any thread count. Calls
- * from several threads at once are safe.
+ * Non-finite inputs, the same on every ISA: a key is hidden from a row when a
+ * mask hides it or its score is -inf (a -INFINITY bias, whatever q and k hold,
+ * or -inf from the data); nothing of a hidden key (its k, its v, its bias)
+ * affects the row, whatever neighbouring rows see. A NaN or Inf that a row
+ * reads (its query, a visible key's k or v, its visible bias) makes that row's
+ * output NaN or Inf as IEEE arithmetic says. Masking alone never creates NaN.
+ *
+ * Threads: parallel loops use OpenMP and honour omp_set_num_threads and
+ * OMP_NUM_THREADS, or the caller's thread pool (mha_set_parallel_for). Results
+ * are bitwise identical for any thread count. Calls from several threads at once
+ * are safe. No call uses more than 16 KiB of stack on any thread: per-thread
+ * scratch comes from the heap (or the workspace).
  */
 #ifndef MHA_H
 #define MHA_H
@@ -84,6 +91,16 @@ MHA_API const char *mha_isa_name(mha_isa isa);
    AVX-512 F, BW, DQ and VL plus FMA, with an OS that saves the opmask and ZMM state
    (XCR0 bits 1, 2, 5, 6, 7). The default is the fastest ISA the CPU has. */
 
+/* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
+   returns when all have finished. */
+typedef void (*mha_parallel_for_fn)(void *pool, int64_t n, void (*fn)(void *arg, int64_t i),
+                                    void *arg);
+/* Process-wide: route every parallel loop of the library through the caller's
+   thread pool instead of OpenMP; NULL restores OpenMP. Results stay bitwise
+   identical. The library never calls pfor from inside fn (no nesting), and may call
+   it from several threads at once. Set it while no call of the library runs. */
+MHA_API void mha_set_parallel_for(mha_parallel_for_fn pfor, void *pool);
+
 typedef struct mha_mask {
     const int32_t *key_lens;       /* NULL or [B]: keys j >= key_lens[b] are masked (d2l valid_lens (B,)) */
     const int32_t *query_key_lens; /* NULL or [B][Sq]: per query row (d2l valid_lens (B, Sq)) */
@@ -129,8 +146,12 @@ typedef struct mha_layer_desc {
 } mha_layer_desc;
 typedef struct mha_layer mha_layer;
 
-/* Packs the weights (for every ISA this CPU has) and copies the biases: desc and
-   its arrays may be freed afterwards. *out is written only on MHA_OK. */
+/* Packs the weights once, for the ISA active now, and copies the biases: desc and
+   its arrays may be freed afterwards. *out is written only on MHA_OK. A layer holds
+   one packed copy of its weights; a call on an ISA whose kernels need another
+   packing (after mha_isa_force) first repacks that copy, once per packing and
+   thread-safely, and keeps it until mha_layer_destroy (MHA_ERR_NOMEM, with every
+   output untouched, if that copy cannot be allocated). */
 MHA_API mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out);
 MHA_API void mha_layer_destroy(mha_layer *layer); /* NULL is fine */
 

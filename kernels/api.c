@@ -1,6 +1,8 @@
 /* Public entry points: argument checks (all before any write), the layer's
  * packed weights and workspace, and the calls into the drivers. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +35,13 @@ const char *mha_status_str(mha_status s)
     return "unknown status";
 }
 
-/* *acc *= x for positive factors; 0 when the product leaves [1, INT64_MAX / 4],
- * so that any count of floats (and its bytes) also fits in size_t and ptrdiff_t. */
+/* The largest count of floats: it and its bytes fit in int64_t, size_t and ptrdiff_t. */
+#define COUNT_LIMIT ((int64_t)(PTRDIFF_MAX < INT64_MAX ? PTRDIFF_MAX : INT64_MAX) / 4)
+
+/* *acc *= x for positive factors; 0 when the product leaves [1, COUNT_LIMIT]. */
 static int mul_ok(int64_t *acc, int64_t x)
 {
-    const int64_t limit = (int64_t)(PTRDIFF_MAX < INT64_MAX ? PTRDIFF_MAX : INT64_MAX) / 4;
+    const int64_t limit = COUNT_LIMIT;
     if (x <= 0 || *acc > limit / x)
         return 0;
     *acc *= x;
@@ -107,8 +111,7 @@ mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float 
         st = check_mask(mask, dims);
     if (st != MHA_OK)
         return st;
-    mha_attention_run(mha_kernels_active(), dims, q, k, v, scale, mask, out, out_layout);
-    return MHA_OK;
+    return mha_attention_run(mha_kernels_active(), dims, q, k, v, scale, mask, out, out_layout);
 }
 
 static mha_status heads_transpose(float *x, int32_t batch, int32_t seq, int32_t heads,
@@ -137,14 +140,26 @@ mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t heads, 
 
 /* ---- layer ---- */
 
+/* The weights packed for one panel width nr: Wq, Wk and Wv one after another
+   (each padded to whole panels), and Wo (NULL without an output projection). */
+typedef struct packed_weights {
+    int32_t nr;
+    float *w_qkv, *w_o;
+    size_t off_k, off_v;
+} packed_weights;
+
+/* A layer keeps one packed copy: the one for the ISA active at mha_layer_create
+   (pack[0]). A call on an ISA of another gemm_nr (after mha_isa_force) repacks
+   pack[0] for that width on first use, under `lock`, and publishes the copy in
+   the next free slot; slots are only ever appended, so readers scan them without
+   the lock, and copies are freed by mha_layer_destroy alone. ISAs of one gemm_nr
+   share a copy, and there are at most MHA_ISA_COUNT widths. */
 struct mha_layer {
     int32_t heads, kv_heads, head_dim, q_in, k_in, v_in, out_dim;
     float *b_q, *b_k, *b_v, *b_o;
-    /* Per ISA available here: Wq, Wk and Wv packed one after another (each padded
-       to whole panels), and Wo. */
-    float *w_qkv[MHA_ISA_COUNT];
-    size_t off_k[MHA_ISA_COUNT], off_v[MHA_ISA_COUNT];
-    float *w_o[MHA_ISA_COUNT];
+    _Atomic(packed_weights *) pack[MHA_ISA_COUNT];
+    pthread_mutex_t lock;
+    int lock_ready;
 };
 
 static float *copy_floats(const float *src, int64_t n, int *failed)
@@ -160,19 +175,109 @@ static float *copy_floats(const float *src, int64_t n, int *failed)
     return dst;
 }
 
+static void packed_free(packed_weights *p)
+{
+    if (!p)
+        return;
+    free(p->w_qkv);
+    free(p->w_o);
+    free(p);
+}
+
+/* Allocates (uninitialised) room for L's weights packed for width nr; NULL when out
+   of memory. The sizes were bounded for any nr <= MHA_GEMM_TILE_MAX at create. */
+static packed_weights *packed_alloc(const mha_layer *L, int32_t nr)
+{
+    const int32_t nq = L->heads * L->head_dim, nkv = L->kv_heads * L->head_dim;
+    const size_t fq = mha_packed_floats(nq, L->q_in, nr), fk = mha_packed_floats(nkv, L->k_in, nr);
+    const size_t fv = mha_packed_floats(nkv, L->v_in, nr);
+    packed_weights *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->nr = nr;
+    p->off_k = fq;
+    p->off_v = fq + fk;
+    p->w_qkv = malloc((fq + fk + fv) * sizeof(float));
+    if (L->out_dim > 0)
+        p->w_o = malloc(mha_packed_floats(L->out_dim, nq, nr) * sizeof(float));
+    if (!p->w_qkv || (L->out_dim > 0 && !p->w_o)) {
+        packed_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Packs L's four weight matrices, each given in panels of nr_src (1: nn.Linear's
+   [out][in] itself), into dst's width; w[3] (Wo) is ignored without out_dim. */
+static void pack_layer(const mha_layer *L, const float *const w[4], int32_t nr_src,
+                       packed_weights *dst)
+{
+    const int32_t nq = L->heads * L->head_dim, nkv = L->kv_heads * L->head_dim;
+    mha_pack_weights(w[0], nq, L->q_in, nr_src, dst->w_qkv, dst->nr);
+    mha_pack_weights(w[1], nkv, L->k_in, nr_src, dst->w_qkv + dst->off_k, dst->nr);
+    mha_pack_weights(w[2], nkv, L->v_in, nr_src, dst->w_qkv + dst->off_v, dst->nr);
+    if (L->out_dim > 0)
+        mha_pack_weights(w[3], L->out_dim, nq, nr_src, dst->w_o, dst->nr);
+}
+
+/* L's weights packed for width nr: the published copy, else a repack of pack[0]
+   made once under the lock; NULL when that copy cannot be allocated. */
+static const packed_weights *layer_packed(const mha_layer *layer, int32_t nr)
+{
+    mha_layer *L = (mha_layer *)layer; /* allocated mutable by mha_layer_create */
+    for (int i = 0; i < MHA_ISA_COUNT; i++) {
+        packed_weights *p = atomic_load_explicit(&L->pack[i], memory_order_acquire);
+        if (!p)
+            break;
+        if (p->nr == nr)
+            return p;
+    }
+    const packed_weights *found = NULL;
+    pthread_mutex_lock(&L->lock);
+    int slot = 0;
+    for (; slot < MHA_ISA_COUNT; slot++) {
+        packed_weights *p = atomic_load_explicit(&L->pack[slot], memory_order_acquire);
+        if (!p || p->nr == nr) {
+            found = p;
+            break;
+        }
+    }
+    if (!found && slot < MHA_ISA_COUNT) {
+        const packed_weights *src = atomic_load_explicit(&L->pack[0], memory_order_acquire);
+        packed_weights *p = packed_alloc(L, nr);
+        if (p) {
+            const float *const w[4] = {src->w_qkv, src->w_qkv + src->off_k,
+                                       src->w_qkv + src->off_v, src->w_o};
+            pack_layer(L, w, src->nr, p);
+            atomic_store_explicit(&L->pack[slot], p, memory_order_release);
+            found = p;
+        }
+    }
+    pthread_mutex_unlock(&L->lock);
+    return found;
+}
+
 void mha_layer_destroy(mha_layer *layer)
 {
     if (!layer)
         return;
-    for (int i = 0; i < MHA_ISA_COUNT; i++) {
-        free(layer->w_qkv[i]);
-        free(layer->w_o[i]);
-    }
+    for (int i = 0; i < MHA_ISA_COUNT; i++)
+        packed_free(atomic_load_explicit(&layer->pack[i], memory_order_relaxed));
+    if (layer->lock_ready)
+        pthread_mutex_destroy(&layer->lock);
     free(layer->b_q);
     free(layer->b_k);
     free(layer->b_v);
     free(layer->b_o);
     free(layer);
+}
+
+/* Floats of W [n][k] packed for the widest panels a table may have (n < INT32_MAX / 64),
+   an upper bound for every gemm_nr; -1 on overflow. */
+static int64_t packed_count_max(int32_t n, int32_t k)
+{
+    const int32_t nr = MHA_GEMM_TILE_MAX;
+    return COUNT((n + nr - 1) / nr, nr, k);
 }
 
 mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out)
@@ -189,56 +294,42 @@ mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out)
         return MHA_ERR_SHAPE;
     if (out_dim > 0 && !desc->w_o)
         return MHA_ERR_ARG;
-    const int32_t nq = heads * dh, nkv = kv_heads * dh; /* checked just below */
-    /* Widths stay int32 even when padded to whole panels. */
-    const int64_t nq_padded = COUNT(heads, dh, 64);
-    if (nq_padded < 0 || nq_padded > INT32_MAX || COUNT(out_dim > 0 ? out_dim : 1, 64) > INT32_MAX
-        || COUNT(heads, dh, q_in) < 0 || COUNT(kv_heads, dh, k_in) < 0
-        || COUNT(kv_heads, dh, v_in) < 0 || (out_dim > 0 && COUNT(out_dim, heads, dh) < 0))
+    /* Every product is checked before it is formed. Widths stay int32 even when
+       padded to whole panels, and the packed sizes fit for any panel width. */
+    const int64_t nq_padded = COUNT(heads, dh, 64), nkv_padded = COUNT(kv_heads, dh, 64);
+    if (nq_padded < 0 || nq_padded > INT32_MAX || nkv_padded < 0 || nkv_padded > INT32_MAX
+        || COUNT(out_dim > 0 ? out_dim : 1, 64) > INT32_MAX)
+        return MHA_ERR_SHAPE;
+    const int32_t nq = heads * dh, nkv = kv_heads * dh;
+    const int64_t pq = packed_count_max(nq, q_in), pk = packed_count_max(nkv, k_in);
+    const int64_t pv = packed_count_max(nkv, v_in);
+    if (pq < 0 || pk < 0 || pv < 0 || pq > COUNT_LIMIT - pk - pv
+        || (out_dim > 0 && packed_count_max(out_dim, nq) < 0))
         return MHA_ERR_SHAPE;
 
     mha_layer *L = calloc(1, sizeof *L);
     if (!L)
         return MHA_ERR_NOMEM;
-    *L = (mha_layer){.heads = heads, .kv_heads = kv_heads, .head_dim = dh, .q_in = q_in,
-                     .k_in = k_in, .v_in = v_in, .out_dim = out_dim};
-    int failed = 0;
+    L->heads = heads, L->kv_heads = kv_heads, L->head_dim = dh, L->q_in = q_in;
+    L->k_in = k_in, L->v_in = v_in, L->out_dim = out_dim;
+    for (int i = 0; i < MHA_ISA_COUNT; i++)
+        atomic_init(&L->pack[i], NULL);
+    int failed = pthread_mutex_init(&L->lock, NULL) != 0;
+    L->lock_ready = !failed;
     L->b_q = copy_floats(desc->b_q, nq, &failed);
     L->b_k = copy_floats(desc->b_k, nkv, &failed);
     L->b_v = copy_floats(desc->b_v, nkv, &failed);
     if (out_dim > 0)
         L->b_o = copy_floats(desc->b_o, out_dim, &failed);
 
-    for (int i = 0; i < MHA_ISA_COUNT && !failed; i++) {
-        const mha_kernels *kt = mha_kernels_for((mha_isa)i);
-        if (!kt)
-            continue;
-        const int32_t nr = kt->gemm_nr;
-        const size_t fq = mha_packed_floats(nq, q_in, nr), fk = mha_packed_floats(nkv, k_in, nr);
-        const size_t fv = mha_packed_floats(nkv, v_in, nr);
-        L->w_qkv[i] = malloc((fq + fk + fv) * sizeof(float));
-        if (!L->w_qkv[i]) {
-            failed = 1;
-            break;
-        }
-        L->off_k[i] = fq;
-        L->off_v[i] = fq + fk;
-        mha_pack_weights(desc->w_q, nq, q_in, nr, L->w_qkv[i]);
-        mha_pack_weights(desc->w_k, nkv, k_in, nr, L->w_qkv[i] + fq);
-        mha_pack_weights(desc->w_v, nkv, v_in, nr, L->w_qkv[i] + fq + fk);
-        if (out_dim > 0) {
-            L->w_o[i] = malloc(mha_packed_floats(out_dim, nq, nr) * sizeof(float));
-            if (!L->w_o[i]) {
-                failed = 1;
-                break;
-            }
-            mha_pack_weights(desc->w_o, out_dim, nq, nr, L->w_o[i]);
-        }
-    }
-    if (failed) {
+    packed_weights *p = failed ? NULL : packed_alloc(L, mha_kernels_active()->gemm_nr);
+    if (!p) {
         mha_layer_destroy(L);
         return MHA_ERR_NOMEM;
     }
+    const float *const w[4] = {desc->w_q, desc->w_k, desc->w_v, desc->w_o};
+    pack_layer(L, w, 1, p);
+    atomic_store_explicit(&L->pack[0], p, memory_order_release);
     *out = L;
     return MHA_OK;
 }
@@ -252,16 +343,16 @@ static mha_gemm_seg head_major(const float *w, const float *bias, float *dst, in
                           .row_stride = dh, .block_stride = (int64_t)seq * dh};
 }
 
-static void qkv_run(const mha_kernels *kt, const mha_layer *L, const float *query,
-                    const float *key, const float *value, int32_t batch, int32_t seq_q,
-                    int32_t seq_kv, float *q, float *k, float *v)
+/* pw: L's weights packed for kt->gemm_nr. */
+static void qkv_run(const mha_kernels *kt, const mha_layer *L, const packed_weights *pw,
+                    const float *query, const float *key, const float *value, int32_t batch,
+                    int32_t seq_q, int32_t seq_kv, float *q, float *k, float *v)
 {
-    const int isa = kt->isa;
-    const float *w = L->w_qkv[isa];
+    const float *w = pw->w_qkv;
     mha_gemm_seg segs[3] = {
         head_major(w, L->b_q, q, L->heads, seq_q, L->head_dim),
-        head_major(w + L->off_k[isa], L->b_k, k, L->kv_heads, seq_kv, L->head_dim),
-        head_major(w + L->off_v[isa], L->b_v, v, L->kv_heads, seq_kv, L->head_dim),
+        head_major(w + pw->off_k, L->b_k, k, L->kv_heads, seq_kv, L->head_dim),
+        head_major(w + pw->off_v, L->b_v, v, L->kv_heads, seq_kv, L->head_dim),
     };
     const int kv_fused = value == key && L->k_in == L->v_in;
     if (kv_fused && key == query && L->q_in == L->k_in && seq_q == seq_kv) {
@@ -326,7 +417,11 @@ mha_status mha_qkv_project(const mha_layer *layer, const float *query, const flo
     mha_status st = forward_sizes(layer, batch, seq_q, seq_kv, &s);
     if (st != MHA_OK)
         return st;
-    qkv_run(mha_kernels_active(), layer, query, key, value, batch, seq_q, seq_kv, q, k, v);
+    const mha_kernels *kt = mha_kernels_active();
+    const packed_weights *pw = layer_packed(layer, kt->gemm_nr);
+    if (!pw)
+        return MHA_ERR_NOMEM;
+    qkv_run(kt, layer, pw, query, key, value, batch, seq_q, seq_kv, q, k, v);
     return MHA_OK;
 }
 
@@ -349,6 +444,11 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
     const size_t need = workspace_bytes(&s);
     if (workspace && workspace_size < need)
         return MHA_ERR_ARG;
+    /* The weights for this call's ISA before any write: repacking may fail. */
+    const mha_kernels *kt = mha_kernels_active();
+    const packed_weights *pw = layer_packed(layer, kt->gemm_nr);
+    if (!pw)
+        return MHA_ERR_NOMEM;
     void *owned = NULL;
     if (!workspace) {
         owned = workspace = malloc(need);
@@ -362,15 +462,18 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
     float *v = (float *)((char *)k + aligned_bytes(s.kv));
     float *merged = (float *)((char *)v + aligned_bytes(s.kv));
 
-    const mha_kernels *kt = mha_kernels_active();
-    qkv_run(kt, layer, query, key, value, batch, seq_q, seq_kv, q, k, v);
+    qkv_run(kt, layer, pw, query, key, value, batch, seq_q, seq_kv, q, k, v);
     const float scale = 1.0f / sqrtf((float)layer->head_dim);
     if (layer->out_dim == 0) {
-        mha_attention_run(kt, &dims, q, k, v, scale, mask, out, MHA_LAYOUT_BSHD);
+        st = mha_attention_run(kt, &dims, q, k, v, scale, mask, out, MHA_LAYOUT_BSHD);
     } else {
-        mha_attention_run(kt, &dims, q, k, v, scale, mask, merged, MHA_LAYOUT_BSHD);
+        st = mha_attention_run(kt, &dims, q, k, v, scale, mask, merged, MHA_LAYOUT_BSHD);
+        if (st != MHA_OK) {
+            free(owned);
+            return st;
+        }
         const int32_t nq = layer->heads * layer->head_dim;
-        const mha_gemm_seg seg = {.w = layer->w_o[kt->isa], .bias = layer->b_o,
+        const mha_gemm_seg seg = {.w = pw->w_o, .bias = layer->b_o,
                                   .n = layer->out_dim, .dst = out, .rows = seq_q,
                                   .cols = layer->out_dim,
                                   .batch_stride = (int64_t)seq_q * layer->out_dim,
@@ -378,5 +481,5 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
         mha_gemm_run(kt, (int64_t)batch * seq_q, nq, merged, nq, &seg, 1);
     }
     free(owned);
-    return MHA_OK;
+    return st;
 }

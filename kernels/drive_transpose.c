@@ -1,10 +1,10 @@
 /* Head transpose driver: per batch, an in-place transpose of rows x cols elements
  * of elem floats. Position p of an r x c transpose receives the element from
  *   src(p) = (p % r)*c + p / r,
- * a permutation whose cycles are moved in one pass, in parallel over cycles: one
- * thread (the producer) walks every cycle once (integer work on a bitmap) and
- * spawns OpenMP tasks of about `seg` positions as it goes, which the other threads
- * run meanwhile:
+ * a permutation whose cycles are moved in one pass, in parallel over cycles: the
+ * first worker to start (the producer) walks every cycle once (integer work on a
+ * bitmap) and queues units of about `seg` positions as it goes, which the other
+ * workers run meanwhile (and the producer too once it is done):
  *   - short cycles (<= seg positions): a task moves those whose smallest position
  *     (leader, a bit in a second bitmap) lies in a range of positions;
  *   - a long cycle p_0, p_1, ... is cut into segments at every seg-th position,
@@ -21,13 +21,11 @@
  * super-elements of b*elem floats are moved as above (cols = c1 * b runs the same
  * passes in the other order). All scratch is allocated up front, so a failure
  * writes nothing: two bitmaps of r*c bits, the saved segment starts (at most
- * 2/seg of the tensor), and one tile or element per thread. */
+ * 2/seg of the tensor), the queue of units, and one tile or element per worker. */
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "internal.h"
 
@@ -55,8 +53,14 @@ static int32_t split_factor(int32_t d, int32_t other, int32_t elem)
     return 0;
 }
 
+/* A unit of moves: the short cycles whose leaders lie in [lo, hi) (tail < 0),
+ * or the len positions of a long cycle from lo, closed by saved slot tail. */
+typedef struct unit {
+    int64_t lo, hi_or_len, tail;
+} unit;
+
 /* The cycles of an r x c transpose of elements of sup floats, batch matrices of
- * `matrix` floats apart; shared by the producer and the tasks. */
+ * `matrix` floats apart; shared by the producer and the workers. */
 typedef struct cycles {
     float *x;
     int32_t batch;
@@ -64,8 +68,10 @@ typedef struct cycles {
     uint64_t *done;    /* n bits: walked (the producer's alone) */
     uint64_t *leaders; /* n bits: smallest position of a cycle of <= seg positions */
     float *saved;      /* slot k of batch b at (k * batch + b) * sup */
-    char *scratch;     /* per bytes per thread; a thread's starts with one held element */
-    size_t per;
+    unit *units;       /* the queue: units[0, produced) are ready, [0, next) taken */
+    _Atomic int64_t produced, next;
+    _Atomic int producing, finished;
+    mha_scratch held; /* one element per worker */
 } cycles;
 
 /* 32-bit division when the positions fit: the walks are chains of divisions. */
@@ -83,6 +89,13 @@ static inline int64_t src_of(const cycles *cy, int64_t p)
 static int64_t max_slots(int64_t n, int64_t seg)
 {
     return 2 * (n / seg);
+}
+
+/* Units: as many segments as slots, and leader units of at least seg positions
+ * each but the last. */
+static int64_t max_units(int64_t n, int64_t seg)
+{
+    return max_slots(n, seg) + n / seg + 1;
 }
 
 /* Hands out the positions of one unit in moving order; a cycle's or segment's
@@ -180,34 +193,28 @@ static void move_unit(float *x, int64_t sup, walker *w, const float *tail, float
         memcpy(x + last * sup, tail, bytes);
 }
 
-#ifdef _OPENMP
-#define THREAD omp_get_thread_num()
-#else
-#define THREAD 0
-#endif
-#define THREAD_SCRATCH(cy) ((cy)->scratch + (cy)->per * (size_t)THREAD)
-
-/* A task moving, in every batch, the short cycles whose leaders lie in [lo, hi). */
-static void spawn_leaders(const cycles *cy, int64_t lo, int64_t hi)
+/* Moves, in every batch, the cycles of one unit. */
+static void run_unit(const cycles *cy, const unit *u, float *held)
 {
-#pragma omp task
     for (int32_t b = 0; b < cy->batch; b++) {
-        walker w = {.cy = cy, .first = -1, .scan = lo, .hi = hi, .start = -1, .left = -1};
-        float *held = (float *)THREAD_SCRATCH(cy);
-        move_unit(cy->x + b * cy->matrix, cy->sup, &w, held, held);
+        float *x = cy->x + b * cy->matrix;
+        if (u->tail < 0) {
+            walker w = {.cy = cy, .first = -1, .scan = u->lo, .hi = u->hi_or_len, .start = -1,
+                        .left = -1};
+            move_unit(x, cy->sup, &w, held, held);
+        } else {
+            walker w = {.cy = cy, .first = u->lo, .start = -1, .left = u->hi_or_len - 1};
+            move_unit(x, cy->sup, &w, cy->saved + (u->tail * cy->batch + b) * cy->sup, NULL);
+        }
     }
 }
 
-/* A task moving, in every batch, the len positions of a long cycle from start,
- * closed by saved slot `tail`. */
-static void spawn_segment(const cycles *cy, int64_t start, int64_t len, int64_t tail)
+/* Queues a unit: its slots are saved and its leader bits written before. */
+static void push_unit(cycles *cy, int64_t lo, int64_t hi_or_len, int64_t tail)
 {
-#pragma omp task
-    for (int32_t b = 0; b < cy->batch; b++) {
-        walker w = {.cy = cy, .first = start, .start = -1, .left = len - 1};
-        move_unit(cy->x + b * cy->matrix, cy->sup, &w,
-                  cy->saved + (tail * cy->batch + b) * cy->sup, NULL);
-    }
+    const int64_t i = atomic_load_explicit(&cy->produced, memory_order_relaxed);
+    cy->units[i] = (unit){lo, hi_or_len, tail};
+    atomic_store_explicit(&cy->produced, i + 1, memory_order_release);
 }
 
 static void save_slot(const cycles *cy, int64_t slot, int64_t p)
@@ -217,12 +224,12 @@ static void save_slot(const cycles *cy, int64_t slot, int64_t p)
                (size_t)cy->sup * sizeof(float));
 }
 
-/* The producer (one thread): walks every cycle once and spawns its work as soon
- * as it is known. Short-cycle units end on bitmap words, so no task reads a word
- * the producer still writes. The i-th seg-th position of a long cycle is saved
- * before segment i-1, the first to write near it, is spawned; segment i starts
- * there and is spawned once position (i+1)*seg is saved. */
-static void produce(const cycles *cy)
+/* The producer: walks every cycle once and queues its work as soon as it is
+ * known. Short-cycle units end on bitmap words, so no worker reads a word the
+ * producer still writes. The i-th seg-th position of a long cycle is saved
+ * before segment i-1, the first to write near it, is queued; segment i starts
+ * there and is queued once position (i+1)*seg is saved. */
+static void produce(cycles *cy)
 {
     const int64_t n = cy->n, seg = cy->seg;
     memset(cy->done, 0, (size_t)(n + 63) / 64 * sizeof(uint64_t));
@@ -230,7 +237,7 @@ static void produce(const cycles *cy)
     int64_t lo = 0, acc = 0, slots = 0;
     for (int64_t s = 0; s < n; s++) {
         if (s % 64 == 0 && acc >= seg) {
-            spawn_leaders(cy, lo, s);
+            push_unit(cy, lo, s, -1);
             lo = s;
             acc = 0;
         }
@@ -244,7 +251,7 @@ static void produce(const cycles *cy)
                 if (mark == seg)
                     save_slot(cy, slots++, s);
                 save_slot(cy, slots++, p);
-                spawn_segment(cy, prev, seg, slots - 1);
+                push_unit(cy, prev, seg, slots - 1);
                 prev = p;
                 mark += seg;
             }
@@ -252,24 +259,66 @@ static void produce(const cycles *cy)
             p = src_of(cy, p);
         } while (p != s);
         if (len > seg) {
-            spawn_segment(cy, prev, len - (mark - seg), first);
+            push_unit(cy, prev, len - (mark - seg), first);
         } else if (len > 1) {
             cy->leaders[s / 64] |= UINT64_C(1) << (s % 64);
             acc += len;
         }
     }
     if (acc > 0)
-        spawn_leaders(cy, lo, n);
+        push_unit(cy, lo, n, -1);
+}
+
+/* A worker: the first to start produces, then every worker runs queued units
+ * until the producer has finished and the queue is empty. Only a worker that
+ * finds the producer running ever waits, so any pool (even one thread running
+ * the items in turn) completes. */
+static void cycles_item(void *arg, int64_t item)
+{
+    (void)item;
+    cycles *cy = arg;
+    float *held = mha_scratch_take(&cy->held);
+    int idle = 0;
+    if (atomic_compare_exchange_strong(&cy->producing, &idle, 1)) {
+        produce(cy);
+        atomic_store_explicit(&cy->finished, 1, memory_order_release);
+    }
+    for (;;) {
+        const int finished = atomic_load_explicit(&cy->finished, memory_order_acquire);
+        int64_t i = atomic_load_explicit(&cy->next, memory_order_relaxed);
+        if (i < atomic_load_explicit(&cy->produced, memory_order_acquire)) {
+            if (atomic_compare_exchange_weak_explicit(&cy->next, &i, i + 1, memory_order_relaxed,
+                                                      memory_order_relaxed))
+                run_unit(cy, &cy->units[i], held);
+        } else if (finished) {
+            break;
+        } else {
+            sched_yield();
+        }
+    }
+    mha_scratch_give(&cy->held, held);
+}
+
+/* Kernel transposes of `count` tiles of rows x cols elements, tile_floats apart. */
+typedef struct tiles {
+    const mha_kernels *kt;
+    float *x;
+    int64_t tile_floats;
+    int32_t rows, cols, elem;
+    mha_scratch scratch;
+} tiles;
+
+static void tile_item(void *arg, int64_t t)
+{
+    tiles *ts = arg;
+    void *scratch = mha_scratch_take(&ts->scratch);
+    ts->kt->transpose(ts->x + t * ts->tile_floats, ts->rows, ts->cols, ts->elem, scratch);
+    mha_scratch_give(&ts->scratch, scratch);
 }
 
 mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int32_t rows,
                              int32_t cols, int32_t elem)
 {
-#ifdef _OPENMP
-    const int threads = omp_get_max_threads();
-#else
-    const int threads = 1;
-#endif
     const int64_t matrix = (int64_t)rows * cols * elem;
     const size_t elem_bytes = (size_t)elem * sizeof(float);
     const int big = matrix * (int64_t)sizeof(float) > MHA_TRANSPOSE_TILE_BYTES;
@@ -280,53 +329,53 @@ mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int
     /* The cycles move an r x c matrix of super-elements of sup floats. */
     const int64_t r = br ? rows / br : rows, c = bc ? cols / bc : cols, n = r * c;
     const int64_t sup = (int64_t)(br ? br : bc ? bc : 1) * elem;
-    int64_t seg = n / ((int64_t)threads * UNITS_PER_THREAD);
+    const int64_t workers = mha_parallel_width();
+    int64_t seg = n / (workers * UNITS_PER_THREAD);
     seg = seg < UNIT_MIN ? UNIT_MIN : seg > UNIT_MAX ? UNIT_MAX : seg;
 
-    size_t tile = 0;
-    if (!big)
-        tile = kt->transpose_scratch_bytes(rows, cols, elem);
-    else if (br)
-        tile = kt->transpose_scratch_bytes(br, cols, elem);
-    else if (bc)
-        tile = kt->transpose_scratch_bytes(rows, bc, elem);
-    const size_t held = big ? (size_t)sup * sizeof(float) : 0;
-    const size_t per = ((tile > held ? tile : held) + 63) / 64 * 64;
-    const size_t bitmaps = big ? 2 * (size_t)((n + 63) / 64) * sizeof(uint64_t) : 0;
-    const size_t saved = big ? (size_t)batch * (size_t)max_slots(n, seg) * held : 0;
-    char *scratch = aligned_alloc(64, per * (size_t)threads + (bitmaps + saved + 63) / 64 * 64);
-    if (!scratch)
+    /* The kernel's tiles: the whole matrix, or the [br][cols] / [rows][bc] tiles. */
+    tiles ts = {.kt = kt, .x = x, .elem = elem, .rows = !big ? rows : br ? br : rows,
+                .cols = !big ? cols : bc ? bc : cols};
+    ts.tile_floats = (int64_t)ts.rows * ts.cols * elem;
+    const int64_t count = !big ? batch : br ? (int64_t)batch * r : (int64_t)batch * c;
+    if ((!big || br || bc)
+        && mha_scratch_init(&ts.scratch,
+                            kt->transpose_scratch_bytes(ts.rows, ts.cols, elem), count) != MHA_OK)
         return MHA_ERR_NOMEM;
-
     if (!big) {
-#pragma omp parallel for schedule(static)
-        for (int32_t b = 0; b < batch; b++)
-            kt->transpose(x + b * matrix, rows, cols, elem, scratch + per * (size_t)THREAD);
-        free(scratch);
+        mha_parallel_for(count, tile_item, &ts);
+        mha_scratch_free(&ts.scratch);
         return MHA_OK;
     }
-    uint64_t *done = (uint64_t *)(scratch + per * (size_t)threads);
-    const cycles cy = {.x = x, .batch = batch, .matrix = matrix, .sup = sup, .r = r, .c = c,
-                       .n = n, .seg = seg, .done = done, .leaders = done + (n + 63) / 64,
-                       .saved = (float *)(done + 2 * ((n + 63) / 64)), .scratch = scratch,
-                       .per = per};
-#pragma omp parallel
-    {
-        if (br) {
-            const int64_t t_floats = (int64_t)br * cols * elem;
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < (int64_t)batch * r; t++)
-                kt->transpose(x + t * t_floats, br, cols, elem, scratch + per * (size_t)THREAD);
-        }
-#pragma omp single
-        produce(&cy);
-        if (bc) {
-            const int64_t t_floats = (int64_t)rows * bc * elem;
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < (int64_t)batch * c; t++)
-                kt->transpose(x + t * t_floats, rows, bc, elem, scratch + per * (size_t)THREAD);
-        }
+
+    const size_t words = (size_t)(n + 63) / 64;
+    const size_t saved = ((size_t)batch * (size_t)max_slots(n, seg) * (size_t)sup * sizeof(float)
+                          + 63) / 64 * 64;
+    char *buf = malloc(2 * words * sizeof(uint64_t) + saved
+                       + (size_t)max_units(n, seg) * sizeof(unit));
+    cycles cy = {.x = x, .batch = batch, .matrix = matrix, .sup = sup, .r = r, .c = c, .n = n,
+                 .seg = seg};
+    if (!buf || mha_scratch_init(&cy.held, (size_t)sup * sizeof(float), workers) != MHA_OK) {
+        free(buf);
+        mha_scratch_free(&ts.scratch);
+        return MHA_ERR_NOMEM;
     }
-    free(scratch);
+    cy.done = (uint64_t *)buf;
+    cy.leaders = cy.done + words;
+    cy.saved = (float *)(cy.leaders + words);
+    cy.units = (unit *)((char *)cy.saved + saved);
+    atomic_init(&cy.produced, 0);
+    atomic_init(&cy.next, 0);
+    atomic_init(&cy.producing, 0);
+    atomic_init(&cy.finished, 0);
+
+    if (br)
+        mha_parallel_for(count, tile_item, &ts);
+    mha_parallel_for(cy.held.slots, cycles_item, &cy);
+    if (bc)
+        mha_parallel_for(count, tile_item, &ts);
+    mha_scratch_free(&cy.held);
+    mha_scratch_free(&ts.scratch);
+    free(buf);
     return MHA_OK;
 }

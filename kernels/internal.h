@@ -7,6 +7,7 @@
 #ifndef MHA_INTERNAL_H
 #define MHA_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,7 +38,9 @@ static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
  * at out + r*out_stride. A row with no visible key (kv_end 0, or every visible
  * bias -INFINITY) gets zeros. k and v are [seq_kv][head_dim], contiguous.
  * Each row's result must not depend on the other rows of the block, so that
- * blocking (and thus the thread count) never changes a bit of the output. */
+ * blocking (and thus the thread count) never changes a bit of the output.
+ * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
+ * the calling thread's alone: kernels keep their tiles there, not on the stack. */
 typedef struct mha_attn_block {
     int32_t rows, seq_kv, head_dim;
     const float *q;
@@ -49,6 +52,7 @@ typedef struct mha_attn_block {
     float scale;
     float *out;
     int64_t out_stride;
+    void *scratch;
 } mha_attn_block;
 
 /* The largest matrix the driver hands to a transpose kernel: an L2 tile. */
@@ -72,6 +76,7 @@ typedef struct mha_kernels {
 
     /* Attention: the driver hands blocks of at most attn_block_rows rows. */
     int32_t attn_block_rows;
+    size_t (*attn_scratch_bytes)(void);
     void (*attn_block)(const mha_attn_block *blk);
 
     /* In-place transpose of a rows x cols matrix whose elements are `elem`
@@ -100,12 +105,14 @@ void mha_transpose__scalar(float *x, int32_t rows, int32_t cols, int32_t elem, v
 void mha_gemm_6x16__avx2(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);
 void mha_attn_block__avx2(const mha_attn_block *blk);
+size_t mha_attn_scratch_bytes__avx2(void);
 size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 void mha_exp_array__avx2(const float *x, float *y, int64_t n);
 
 /* The AVX-512 attention and transpose are declared with the GEMM tile (below). */
 void mha_attn_block__avx512(const mha_attn_block *blk);
+size_t mha_attn_scratch_bytes__avx512(void);
 size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx512(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 void mha_exp_array__avx512(const float *x, float *y, int64_t n);
@@ -117,6 +124,27 @@ void mha_exp_array__neon(const float *x, float *y, int64_t n);
 
 #define MHA_DECLARE_TABLE_(name, value) extern const mha_kernels mha_kernels_##name;
 MHA_ISA_LIST(MHA_DECLARE_TABLE_)
+
+/* parallel.c: fn(arg, i) for every i in [0, n), on OpenMP's threads or the
+ * caller's pool (mha_set_parallel_for); returns when all have run. */
+void mha_parallel_for(int64_t n, void (*fn)(void *arg, int64_t i), void *arg);
+/* parallel.c: items that may run at once: OpenMP's thread count, or for a
+ * caller's pool the online CPUs (a pool with more threads waits for scratch). */
+int64_t mha_parallel_width(void);
+
+/* parallel.c: per-item scratch of a parallel loop, allocated before the loop (so
+ * that a failure writes nothing): slots of `bytes` (64-byte aligned), one per
+ * item that may run at once; take waits while all are taken. */
+typedef struct mha_scratch {
+    char *base;
+    size_t per;
+    int32_t slots;
+    _Atomic uint64_t busy;
+} mha_scratch;
+mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items);
+void *mha_scratch_take(mha_scratch *s);
+void mha_scratch_give(mha_scratch *s, void *slot);
+void mha_scratch_free(mha_scratch *s);
 
 /* cpu.c: does this CPU (and OS) support the ISA? Scalar is always supported. */
 int mha_cpu_supports(mha_isa isa);
@@ -144,17 +172,20 @@ typedef struct mha_gemm_seg {
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs);
 
-/* drive_attention.c: the attention over all (b, h) with checked arguments. */
-void mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const float *q,
-                       const float *k, const float *v, float scale, const mha_mask *mask,
-                       float *out, mha_layout layout);
+/* drive_attention.c: the attention over all (b, h) with checked arguments;
+ * MHA_ERR_NOMEM (out untouched) when the kernels' scratch cannot be had. */
+mha_status mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const float *q,
+                             const float *k, const float *v, float scale,
+                             const mha_mask *mask, float *out, mha_layout layout);
 
 /* drive_transpose.c: per-batch in-place transpose of rows x cols elements of elem floats;
  * MHA_ERR_NOMEM (x untouched) when the scratch cannot be allocated. */
 mha_status mha_transpose_run(const mha_kernels *kt, float *x, int32_t batch, int32_t rows,
                              int32_t cols, int32_t elem);
 
-/* Packs W [n][k] into panels of nr columns (see mha_packed_floats). */
-void mha_pack_weights(const float *w, int32_t n, int32_t k, int32_t nr, float *packed);
+/* pack.c: W [n][k] given in panels of nr_src columns (1: W itself) packed into
+ * panels of nr_dst (see mha_packed_floats). */
+void mha_pack_weights(const float *src, int32_t n, int32_t k, int32_t nr_src, float *dst,
+                      int32_t nr_dst);
 
 #endif

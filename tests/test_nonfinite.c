@@ -1,6 +1,8 @@
 /* Non-finite data: NaN or Inf in one batch element never reaches another's
  * output; keys hidden by lengths are never read, so NaN there is harmless;
- * masking alone never creates NaN. */
+ * masking alone never creates NaN; and the rule of mha.h, row by row: a NaN or
+ * Inf that a row reads reaches it as IEEE arithmetic says, what is hidden from
+ * it (by any mask kind) never does, whatever its neighbours in a tile see. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -105,6 +107,74 @@ static void masking_creates_no_nan(void **state)
     free(bias);
 }
 
+/* The class of each element: 'n' NaN, 'i' +-Inf, 'f' finite. */
+static char cls(double x)
+{
+    return isnan(x) ? 'n' : isinf(x) ? 'i' : 'f';
+}
+
+/* One poisoned input per case (attention, B=1, H=2, Hkv=1, S=24, dh=20): each
+ * row's classes must be those of the float64 reference, which applies the rule
+ * directly, and finite elements must agree within tolerance. Prints each row's
+ * class ('n' if any element is NaN, else 'i' if any is Inf, else 'f'). */
+static void rule_row_by_row(void **state)
+{
+    (void)state;
+    enum { S2 = 24, D2 = 20 };
+    const mha_attn_dims d = {1, 2, 1, S2, S2, D2};
+    const int64_t nq = 2 * S2 * D2, nkv = S2 * D2;
+    float *bias = filled_floats(2 * S2 * S2, 0.0f);
+    for (int h = 0; h < 2; h++)
+        bias[(h * S2 + 3) * S2 + 5] = -INFINITY; /* key 5 hidden from row 3 */
+    const mha_mask causal = {.causal = 1};
+    const mha_mask biased = {.bias = bias, .bias_stride_h = S2 * S2, .bias_stride_q = S2};
+    const mha_mask both = {.bias = bias, .bias_stride_h = S2 * S2, .bias_stride_q = S2,
+                           .causal = 1};
+    struct {
+        const char *name;
+        char tensor; /* q, k or v */
+        int row, col;
+        float value;
+        const mha_mask *mask;
+    } cases[] = {
+        {"NaN in q row 0", 'q', 0, 4, NAN, &causal},
+        {"Inf in a visible key (k row 3)", 'k', 3, 7, INFINITY, &causal},
+        {"Inf in v at a key causality hides from row 0", 'v', 1, 2, INFINITY, &causal},
+        {"NaN in v at a key a -inf bias hides from row 3", 'v', 5, 0, NAN, &biased},
+        {"NaN in k at a key a -inf bias hides from row 3", 'k', 5, 9, NAN, &both},
+        {"-Inf in v, unmasked", 'v', 10, 3, -INFINITY, NULL},
+    };
+    rng r = {54};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nkv, -1, 1);
+        float *v = rand_floats(&r, nkv, -1, 1), *out = malloc(sizeof(float) * nq);
+        double *want = malloc(sizeof(double) * nq);
+        float *t = cases[c].tensor == 'q' ? q : cases[c].tensor == 'k' ? k : v;
+        t[cases[c].row * D2 + cases[c].col] = cases[c].value;
+        assert_int_equal(mha_attention(&d, q, k, v, 0.5f, cases[c].mask, out, MHA_LAYOUT_BHSD),
+                         MHA_OK);
+        ref_attention(&d, q, k, v, 0.5, cases[c].mask, want, MHA_LAYOUT_BHSD);
+        char rows[2 * S2 + 2];
+        for (int i = 0; i < 2 * S2; i++) {
+            char row = 'f';
+            for (int e = 0; e < D2; e++) {
+                const int64_t x = (int64_t)i * D2 + e;
+                if (cls(out[x]) != cls(want[x]))
+                    fail_msg("%s: row %d element %d is %g, the rule gives %g", cases[c].name, i,
+                             e, out[x], want[x]);
+                row = cls(out[x]) == 'n' || row == 'n' ? 'n' : cls(out[x]) == 'i' ? 'i' : row;
+            }
+            rows[i + i / S2] = row;
+        }
+        rows[S2] = ' ';
+        rows[2 * S2 + 1] = 0;
+        assert_true(tol_ratio(out, want, nq, TOL_REF) <= 1.0);
+        print_message("%-48s rows of head 0, head 1: %s\n", cases[c].name, rows);
+        free(q), free(k), free(v), free(out), free(want);
+    }
+    free(bias);
+}
+
 int main(void)
 {
     require_env_isa();
@@ -112,6 +182,7 @@ int main(void)
         cmocka_unit_test(batch_isolation),
         cmocka_unit_test(hidden_keys_never_read),
         cmocka_unit_test(masking_creates_no_nan),
+        cmocka_unit_test(rule_row_by_row),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

@@ -43,23 +43,33 @@ void ref_attention(const mha_attn_dims *d, const float *q, const float *k, const
                 double *o = layout == MHA_LAYOUT_BHSD ? out + (((int64_t)b * H + h) * Sq + i) * dh
                                                       : out + (((int64_t)b * Sq + i) * H + h) * dh;
                 const int32_t end = visible(d, mask, b, i);
+                /* Keys with a -inf score (a -INFINITY bias, or -inf from the data) are
+                   hidden like those past `end`; NaN flows through (mx stays NaN). */
                 double mx = -INFINITY;
+                int seen = 0;
                 for (int32_t j = 0; j < end; j++) {
+                    const double bias = mask && mask->bias
+                                            ? mask->bias[b * mask->bias_stride_b
+                                                         + h * mask->bias_stride_h
+                                                         + i * mask->bias_stride_q + j]
+                                            : 0.0;
                     double dot = 0;
-                    for (int32_t e = 0; e < dh; e++)
+                    for (int32_t e = 0; e < dh && bias != -INFINITY; e++)
                         dot += (double)qi[e] * kb[(int64_t)j * dh + e];
-                    s[j] = scale * dot;
-                    if (mask && mask->bias)
-                        s[j] += mask->bias[b * mask->bias_stride_b + h * mask->bias_stride_h
-                                           + i * mask->bias_stride_q + j];
-                    mx = fmax(mx, s[j]);
+                    s[j] = bias == -INFINITY ? -INFINITY : scale * dot + bias;
+                    if (s[j] != -INFINITY) {
+                        seen = 1;
+                        mx = isnan(s[j]) || s[j] > mx ? s[j] : mx;
+                    }
                 }
                 for (int32_t e = 0; e < dh; e++)
                     o[e] = 0;
-                if (mx == -INFINITY)
+                if (!seen)
                     continue;
                 double sum = 0;
                 for (int32_t j = 0; j < end; j++) {
+                    if (s[j] == -INFINITY)
+                        continue;
                     double p = exp(s[j] - mx);
                     sum += p;
                     for (int32_t e = 0; e < dh; e++)

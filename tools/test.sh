@@ -3,8 +3,9 @@
 #  - native build with warnings as errors; each cmocka suite once per ISA this
 #    CPU has (MHA_ISA), the float64 PyTorch interop test, mha-validate's sweep,
 #    the README example, and `meson install` + pkg-config;
-#  - the whole suite under ASan + UBSan, and under valgrind memcheck for the
-#    scalar and native ISAs (sweeps thinned with MHA_TEST_QUICK);
+#  - the whole suite under ASan + UBSan, the cmocka suites under UBSan at -O0,
+#    and under valgrind memcheck for the scalar and native ISAs (sweeps thinned
+#    with MHA_TEST_QUICK);
 #  - the libFuzzer target for MHA_FUZZ_SECONDS (default 60);
 #  - the benchmark harness in --quick mode (it must run; timings are not judged);
 #  - the NEON build cross-compiled for AArch64, its whole suite under qemu, and
@@ -107,6 +108,13 @@ run_suite build-noomp --no-suite interop --no-suite validate
 echo "== ASan + UBSan"
 build build-asan -Dwerror=true -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --no-suite interop
+
+echo "== UBSan at -O0"
+# At -O0 every operation is kept, so UBSan also sees those the optimizer folds
+# away (an int32 product formed before its check); sweeps thinned with MHA_TEST_QUICK.
+build build-ubsan-O0 -Dwerror=true -Dbuildtype=debug -Db_sanitize=undefined
+MHA_TEST_QUICK=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  run_suite build-ubsan-O0 --no-suite interop --no-suite validate
 
 echo "== valgrind memcheck"
 MHA_TEST_QUICK=1 run_suite "$native" --no-suite interop --no-suite validate \

@@ -116,6 +116,11 @@ static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int6
 
 #include "simd/flash_attention.h"
 
+size_t mha_attn_scratch_bytes__avx2(void)
+{
+    return sizeof(pass);
+}
+
 void mha_attn_block__avx2(const mha_attn_block *blk)
 {
     flash_attn_block(blk);

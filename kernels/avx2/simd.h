@@ -36,6 +36,9 @@ static inline vi vi_load(const int32_t *p) { return _mm256_load_si256((const __m
 static inline vm vi_gt(vi a, int32_t b) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(b))); }
 static inline vm vf_eq(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
 static inline int vm_all(vm m) { return _mm256_movemask_ps(m) == 0xff; }
+static inline int vm_empty(vm m) { return _mm256_movemask_ps(m) == 0; }
+static inline vm vm_none(void) { return _mm256_setzero_ps(); }
+static inline vm vm_or(vm a, vm b) { return _mm256_or_ps(a, b); }
 static inline vf vf_select(vm m, vf if_set, vf if_clear) { return _mm256_blendv_ps(if_clear, if_set, m); }
 
 /* exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2 (n = x log2(e) rounded by

@@ -12,6 +12,7 @@ const mha_kernels mha_kernels_avx2 = {
     .gemm_w_bytes = 1 << 18,
     .gemm_tile = mha_gemm_6x16__avx2,
     .attn_block_rows = ATTN_ROWS,
+    .attn_scratch_bytes = mha_attn_scratch_bytes__avx2,
     .attn_block = mha_attn_block__avx2,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__avx2,
     .transpose = mha_transpose__avx2,

@@ -14,60 +14,102 @@ enum { BC = 72 /* keys per tile */, RB = 96, RB_L2 = 48 };
 
 /* st[i][0..48) (+)= sum_{d < dc} kp[i][d] qt[d][0..48) for 8 keys i; rp is the
  * row pitch of qt and st (64-byte aligned). accumulate resumes the FMA chains
- * of the previous head_dim chunk from st. */
+ * of the previous head_dim chunk from st. Named accumulators (an array makes
+ * GCC stage them through the stack) and noinline keep all 24 in registers. */
+#define QK_ROW(i, ci0, ci1, ci2)                                                  \
+    do {                                                                          \
+        const __m512 kb = _mm512_set1_ps(k##i[d]);                                \
+        ci0 = _mm512_fmadd_ps(kb, q0, ci0);                                       \
+        ci1 = _mm512_fmadd_ps(kb, q1, ci1);                                       \
+        ci2 = _mm512_fmadd_ps(kb, q2, ci2);                                       \
+    } while (0)
+#define QK_LOAD(i, ci0, ci1, ci2)                                                 \
+    (ci0 = _mm512_load_ps(st + (i) * rp), ci1 = _mm512_load_ps(st + (i) * rp + 16), \
+     ci2 = _mm512_load_ps(st + (i) * rp + 32))
+#define QK_STORE(i, ci0, ci1, ci2)                                                \
+    (_mm512_store_ps(st + (i) * rp, ci0), _mm512_store_ps(st + (i) * rp + 16, ci1), \
+     _mm512_store_ps(st + (i) * rp + 32, ci2))
+
 __attribute__((noinline))
 static void qk_tile(int32_t dc, const float *const kp[8], const float *qt, int32_t rp, float *st,
                     int accumulate)
 {
-    __m512 c[8][3];
-    for (int i = 0; i < 8; i++)
-        for (int v = 0; v < 3; v++)
-            c[i][v] = accumulate ? _mm512_load_ps(st + i * rp + 16 * v) : _mm512_setzero_ps();
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    __m512 c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;
+    __m512 c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00;
+    if (accumulate) {
+        QK_LOAD(0, c00, c01, c02), QK_LOAD(1, c10, c11, c12), QK_LOAD(2, c20, c21, c22);
+        QK_LOAD(3, c30, c31, c32), QK_LOAD(4, c40, c41, c42), QK_LOAD(5, c50, c51, c52);
+        QK_LOAD(6, c60, c61, c62), QK_LOAD(7, c70, c71, c72);
+    }
     const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3];
     const float *k4 = kp[4], *k5 = kp[5], *k6 = kp[6], *k7 = kp[7];
     for (int32_t d = 0; d < dc; d++) {
         const float *q = qt + (int64_t)d * rp;
         const __m512 q0 = _mm512_load_ps(q), q1 = _mm512_load_ps(q + 16);
         const __m512 q2 = _mm512_load_ps(q + 32);
-        const float kd[8] = {k0[d], k1[d], k2[d], k3[d], k4[d], k5[d], k6[d], k7[d]};
-        for (int i = 0; i < 8; i++) {
-            const __m512 kb = _mm512_set1_ps(kd[i]);
-            c[i][0] = _mm512_fmadd_ps(kb, q0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(kb, q1, c[i][1]);
-            c[i][2] = _mm512_fmadd_ps(kb, q2, c[i][2]);
-        }
+        QK_ROW(0, c00, c01, c02);
+        QK_ROW(1, c10, c11, c12);
+        QK_ROW(2, c20, c21, c22);
+        QK_ROW(3, c30, c31, c32);
+        QK_ROW(4, c40, c41, c42);
+        QK_ROW(5, c50, c51, c52);
+        QK_ROW(6, c60, c61, c62);
+        QK_ROW(7, c70, c71, c72);
     }
-    for (int i = 0; i < 8; i++)
-        for (int v = 0; v < 3; v++)
-            _mm512_store_ps(st + i * rp + 16 * v, c[i][v]);
+    QK_STORE(0, c00, c01, c02), QK_STORE(1, c10, c11, c12), QK_STORE(2, c20, c21, c22);
+    QK_STORE(3, c30, c31, c32), QK_STORE(4, c40, c41, c42), QK_STORE(5, c50, c51, c52);
+    QK_STORE(6, c60, c61, c62), QK_STORE(7, c70, c71, c72);
 }
 
 /* o[i][0..64) = alpha[i] o[i] + sum_{j < jn} p[j*pp + i] v[j][0..64) for 6 rows i,
- * storing the first `valid` rows. */
+ * storing the first `valid` rows; named accumulators as in qk_tile. */
+#define PV_LOAD(i, ci0, ci1, ci2, ci3)                                              \
+    (ci0 = _mm512_mul_ps(alpha[i], _mm512_loadu_ps(o[i])),                          \
+     ci1 = _mm512_mul_ps(alpha[i], _mm512_loadu_ps(o[i] + 16)),                     \
+     ci2 = _mm512_mul_ps(alpha[i], _mm512_loadu_ps(o[i] + 32)),                     \
+     ci3 = _mm512_mul_ps(alpha[i], _mm512_loadu_ps(o[i] + 48)))
+#define PV_ROW(i, ci0, ci1, ci2, ci3)                                               \
+    do {                                                                            \
+        const __m512 pb = _mm512_set1_ps(pj[i]);                                    \
+        ci0 = _mm512_fmadd_ps(pb, v0, ci0);                                         \
+        ci1 = _mm512_fmadd_ps(pb, v1, ci1);                                         \
+        ci2 = _mm512_fmadd_ps(pb, v2, ci2);                                         \
+        ci3 = _mm512_fmadd_ps(pb, v3, ci3);                                         \
+    } while (0)
+#define PV_STORE(i, ci0, ci1, ci2, ci3)                                             \
+    if (i < valid)                                                                  \
+    _mm512_storeu_ps(o[i], ci0), _mm512_storeu_ps(o[i] + 16, ci1),                  \
+        _mm512_storeu_ps(o[i] + 32, ci2), _mm512_storeu_ps(o[i] + 48, ci3)
+
 __attribute__((noinline))
 static void pv_tile(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
                     float *const o[6], const __m512 alpha[6], int valid)
 {
-    __m512 c[6][4];
-    for (int i = 0; i < 6; i++)
-        for (int u = 0; u < 4; u++)
-            c[i][u] = _mm512_mul_ps(alpha[i], _mm512_loadu_ps(o[i] + 16 * u));
+    __m512 c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23;
+    __m512 c30, c31, c32, c33, c40, c41, c42, c43, c50, c51, c52, c53;
+    PV_LOAD(0, c00, c01, c02, c03), PV_LOAD(1, c10, c11, c12, c13);
+    PV_LOAD(2, c20, c21, c22, c23), PV_LOAD(3, c30, c31, c32, c33);
+    PV_LOAD(4, c40, c41, c42, c43), PV_LOAD(5, c50, c51, c52, c53);
     for (int32_t j = 0; j < jn; j++) {
         const float *pj = p + (int64_t)j * pp;
         const float *vj = v + j * ldv;
         const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
         const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
-        for (int i = 0; i < 6; i++) {
-            const __m512 pb = _mm512_set1_ps(pj[i]);
-            c[i][0] = _mm512_fmadd_ps(pb, v0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(pb, v1, c[i][1]);
-            c[i][2] = _mm512_fmadd_ps(pb, v2, c[i][2]);
-            c[i][3] = _mm512_fmadd_ps(pb, v3, c[i][3]);
-        }
+        PV_ROW(0, c00, c01, c02, c03);
+        PV_ROW(1, c10, c11, c12, c13);
+        PV_ROW(2, c20, c21, c22, c23);
+        PV_ROW(3, c30, c31, c32, c33);
+        PV_ROW(4, c40, c41, c42, c43);
+        PV_ROW(5, c50, c51, c52, c53);
     }
-    for (int i = 0; i < valid; i++)
-        for (int u = 0; u < 4; u++)
-            _mm512_storeu_ps(o[i] + 16 * u, c[i][u]);
+    PV_STORE(0, c00, c01, c02, c03);
+    PV_STORE(1, c10, c11, c12, c13);
+    PV_STORE(2, c20, c21, c22, c23);
+    PV_STORE(3, c30, c31, c32, c33);
+    PV_STORE(4, c40, c41, c42, c43);
+    PV_STORE(5, c50, c51, c52, c53);
 }
 
 /* The same for the first `cols` (1..16) of 16 columns (head_dim tails). */
@@ -88,6 +130,11 @@ static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int6
 }
 
 #include "simd/flash_attention.h"
+
+size_t mha_attn_scratch_bytes__avx512(void)
+{
+    return sizeof(pass);
+}
 
 void mha_attn_block__avx512(const mha_attn_block *blk)
 {

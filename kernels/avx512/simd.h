@@ -33,6 +33,9 @@ static inline vi vi_load(const int32_t *p) { return _mm512_load_si512(p); }
 static inline vm vi_gt(vi a, int32_t b) { return _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(b)); }
 static inline vm vf_eq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
 static inline int vm_all(vm m) { return m == 0xffff; }
+static inline int vm_empty(vm m) { return m == 0; }
+static inline vm vm_none(void) { return 0; }
+static inline vm vm_or(vm a, vm b) { return a | b; }
 static inline vf vf_select(vm m, vf if_set, vf if_clear) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
 
 /* exp(x) for x <= 0, the construction of the AVX2 layer lane for lane (same

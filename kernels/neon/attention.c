@@ -10,11 +10,15 @@
  * and at the end out = O / l. O accumulates in the caller's out rows, so the
  * only scratch is fixed-size: the score tile and m, l of one chunk.
  *
- * Masks: key j of row r is visible iff j < kv_end[r]. Invisible scores are
- * -INFINITY, so their weight is exactly 0, and their V rows are not read.
- * While a row has seen no finite score (m = -INFINITY) the subtraction uses 0
- * instead of m', so exp gives 0, never NaN; a row that never sees one ends
- * with l = 0 and gets zeros.
+ * Masks: key j of row r is visible iff j < kv_end[r] and its score is not -inf
+ * (a -INFINITY bias gives -inf whatever q.k is). Keys past kv_end are never
+ * read; the zero weight of a -inf score is multiplied into O, which is exact
+ * while V is finite, and a tile whose V holds a non-finite value takes the
+ * careful path: those weights are marked -0.0f and skipped. So NaN or Inf
+ * reaches a row only from what it sees, as IEEE arithmetic says. While a row
+ * has seen no finite score (m = -INFINITY) the subtraction uses 0 instead of
+ * m', so exp gives 0, never NaN; a row that never sees one ends with l = 0 and
+ * gets zeros.
  *
  * Row independence: each lane takes the same operations in the same order
  * whatever the other lanes hold, and a tile in which a row has no visible key
@@ -162,7 +166,8 @@ static void scores(const mha_attn_block *blk, const group *g, int32_t j0, int32_
 PV_CHUNK(4)
 PV_CHUNK(1)
 
-/* The d tail (head_dim % 4 columns), one float at a time, same order. */
+/* The columns from d0 (the head_dim % 4 tail, or all of them on the careful
+ * path), one float at a time in the same order; weights of -0.0f are skipped. */
 static void pv_tail(const mha_attn_block *blk, const group *g, int32_t j0, float (*p)[4],
                     const int32_t cnt[4], float32x4_t alpha, int32_t d0)
 {
@@ -173,9 +178,25 @@ static void pv_tail(const mha_attn_block *blk, const group *g, int32_t j0, float
         for (int32_t d = d0; d < dh; d++) {
             float o = g->out[r][d] * a[r];
             for (int32_t jj = 0; jj < cnt[r]; jj++)
-                o = fmaf(p[jj][r], blk->v[(int64_t)(j0 + jj) * dh + d], o);
+                if (!(p[jj][r] == 0.0f && signbit(p[jj][r])))
+                    o = fmaf(p[jj][r], blk->v[(int64_t)(j0 + jj) * dh + d], o);
             g->out[r][d] = o;
         }
+}
+
+/* Are V's rows [j0, j0 + n) all finite? (x * 0 is 0 for finite x, NaN otherwise.) */
+static int v_finite(const mha_attn_block *blk, int32_t j0, int32_t n)
+{
+    const float *v = blk->v + (int64_t)j0 * blk->head_dim;
+    const int64_t len = (int64_t)n * blk->head_dim;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int64_t i = 0;
+    for (; i + 4 <= len; i += 4)
+        acc = vfmaq_n_f32(acc, vld1q_f32(v + i), 0.0f);
+    float tail = 0.0f;
+    for (; i < len; i++)
+        tail += v[i] * 0.0f;
+    return vminvq_u32(vceqq_f32(acc, acc)) != 0 && tail == tail;
 }
 
 /* One key tile [j0, j0 + KT) for one group: scores, online softmax, P V. */
@@ -189,17 +210,22 @@ static void group_tile(const mha_attn_block *blk, const group *g, int32_t j0, fl
     const int32x4_t end = vld1q_s32(g->end);
     const float32x4_t ninf = vdupq_n_f32(-INFINITY);
     float32x4_t mt = ninf;
+    uint32x4_t hidden = vdupq_n_u32(0); /* a -inf score before kv_end */
     for (int32_t jj = 0; jj < n; jj++) {
         float32x4_t x = vmulq_n_f32(vld1q_f32(s[jj]), blk->scale);
         if (blk->bias) {
             const int32_t j = j0 + jj;
             const float b[4] = {g->bias[0][j], g->bias[1][j], g->bias[2][j], g->bias[3][j]};
-            x = vaddq_f32(x, vld1q_f32(b));
+            const float32x4_t bv = vld1q_f32(b);
+            x = vbslq_f32(vceqq_f32(bv, ninf), ninf, vaddq_f32(x, bv));
         }
-        x = vbslq_f32(vcltq_s32(vdupq_n_s32(j0 + jj), end), x, ninf);
+        const uint32x4_t vis = vcltq_s32(vdupq_n_s32(j0 + jj), end);
+        hidden = vorrq_u32(hidden, vandq_u32(vis, vceqq_f32(x, ninf)));
+        x = vbslq_f32(vis, x, ninf);
         vst1q_f32(s[jj], x);
         mt = vmaxq_f32(mt, x);
     }
+    const int careful = vmaxvq_u32(hidden) != 0 && !v_finite(blk, j0, n);
 
     const float32x4_t m_old = vld1q_f32(m_state);
     const float32x4_t m_new = vmaxq_f32(m_old, mt);
@@ -207,7 +233,10 @@ static void group_tile(const mha_attn_block *blk, const group *g, int32_t j0, fl
     const float32x4_t alpha = exp_f32x4(vsubq_f32(m_old, m_sub));
     float32x4_t sum = vdupq_n_f32(0.0f);
     for (int32_t jj = 0; jj < n; jj++) {
-        const float32x4_t p = exp_f32x4(vsubq_f32(vld1q_f32(s[jj]), m_sub));
+        const float32x4_t x = vld1q_f32(s[jj]);
+        float32x4_t p = exp_f32x4(vsubq_f32(x, m_sub));
+        if (careful)
+            p = vbslq_f32(vceqq_f32(x, ninf), vdupq_n_f32(-0.0f), p);
         vst1q_f32(s[jj], p);
         sum = vaddq_f32(sum, p);
     }
@@ -223,6 +252,10 @@ static void group_tile(const mha_attn_block *blk, const group *g, int32_t j0, fl
     }
     const int32_t dh = blk->head_dim;
     int32_t d = 0;
+    if (careful) {
+        pv_tail(blk, g, j0, s, cnt, alpha, 0);
+        return;
+    }
     for (; d + 16 <= dh; d += 16)
         pv_chunk4(blk, g, j0, s, cnt, cmin, cmax, alpha, d);
     for (; d + 4 <= dh; d += 4)
@@ -264,12 +297,12 @@ void mha_attn_block__neon(const mha_attn_block *blk)
                 if (j0 < g[gi].end_max)
                     group_tile(blk, &g[gi], j0, m + 4 * gi, l + 4 * gi);
 
-        /* out = O / l; l = 0 (no visible key) gives zeros. */
+        /* out = O / l; l = 0 (no visible key) gives zeros, a NaN l NaN. */
         for (int32_t gi = 0; gi < ngroups; gi++)
             for (int i = 0; i < g[gi].rows; i++) {
                 const float li = l[4 * gi + i];
                 float *o = g[gi].out[i];
-                if (li > 0.0f) {
+                if (li != 0.0f) {
                     const float32x4_t lv = vdupq_n_f32(li);
                     int32_t d = 0;
                     for (; d + 4 <= dh; d += 4)

@@ -1,7 +1,12 @@
 /* Scalar reference attention, straight from the math, two passes per row:
  *   s_j = scale * q.k_j + bias_j  for visible j;  m = max_j s_j
  *   out = sum_j exp(s_j - m) v_j / sum_j exp(s_j - m)
- * Dot products are recomputed in the second pass so nothing grows with seq_kv. */
+ * Dot products are recomputed in the second pass so nothing grows with seq_kv.
+ * Non-finite data: a key is hidden when j >= kv_end or its score is -inf (a
+ * -INFINITY bias, whatever q.k is, or -inf from the data): it gets weight 0 and
+ * neither its K beyond that nor its V is used. Every other key is visible, and a
+ * NaN or Inf it brings flows through IEEE arithmetic (a NaN score keeps m NaN).
+ * A row with no visible key gets zeros. */
 #include <math.h>
 #include <string.h>
 
@@ -9,6 +14,8 @@
 
 static float score(const mha_attn_block *blk, const float *q, const float *bias, int32_t j)
 {
+    if (bias && bias[j] == -INFINITY)
+        return -INFINITY;
     const float *kj = blk->k + (int64_t)j * blk->head_dim;
     float dot = 0.0f;
     for (int32_t d = 0; d < blk->head_dim; d++)
@@ -22,16 +29,25 @@ static void attend_row(const mha_attn_block *blk, const float *q, int32_t kv_end
 {
     const int32_t dh = blk->head_dim;
     float m = -INFINITY;
-    for (int32_t j = 0; j < kv_end; j++)
-        m = fmaxf(m, score(blk, q, bias, j));
+    int seen = 0;
+    for (int32_t j = 0; j < kv_end; j++) {
+        const float s = score(blk, q, bias, j);
+        if (s == -INFINITY)
+            continue;
+        seen = 1;
+        m = isnan(s) || s > m ? s : m;
+    }
 
     memset(out, 0, (size_t)dh * sizeof(float));
-    if (m == -INFINITY)
+    if (!seen)
         return; /* no visible key: zeros */
 
     float sum = 0.0f;
     for (int32_t j = 0; j < kv_end; j++) {
-        float p = expf(score(blk, q, bias, j) - m);
+        const float s = score(blk, q, bias, j);
+        if (s == -INFINITY)
+            continue;
+        const float p = expf(s - m);
         const float *vj = blk->v + (int64_t)j * dh;
         sum += p;
         for (int32_t d = 0; d < dh; d++)
@@ -40,7 +56,6 @@ static void attend_row(const mha_attn_block *blk, const float *q, int32_t kv_end
     for (int32_t d = 0; d < dh; d++)
         out[d] /= sum;
 }
-
 void mha_attn_block__scalar(const mha_attn_block *blk)
 {
     for (int32_t r = 0; r < blk->rows; r++)

@@ -2,7 +2,8 @@
  * SIMD layer, for every ISA whose vectors run across query rows. An ISA's
  * attention.c includes its simd.h (the vf/vi/vm types and operations), defines
  * its register tiles and their sizes, then includes this file and wraps
- * flash_attn_block() and simd_exp_array() under its own names:
+ * flash_attn_block(), simd_exp_array() and sizeof(pass), the block's scratch,
+ * under its own names:
  *
  *   QK_KEYS x QK_ROWS   score tile: st[j][r] (+)= sum_d K[j][d] qt[d][r] over a
  *                       head_dim chunk, QK_ROWS a multiple of VF_LANES
@@ -24,6 +25,16 @@
  * rows straight from memory; the output rows are the accumulator. head_dim is
  * cut in chunks for the packed Q (resuming each FMA chain from the stored
  * partial sum keeps every bit), so the pass has a fixed size for any head_dim.
+ *
+ * Non-finite data, the same on every ISA and in the scalar reference: a key is
+ * hidden from a row past its kv_end or when its score is -inf (a -INFINITY
+ * bias, whatever q.k is); hidden keys get weight exactly 0 and their V is never
+ * multiplied into the row. All other keys are visible, and a NaN or Inf they
+ * bring flows through IEEE arithmetic (a NaN score gives a NaN weight). The
+ * fast path multiplies the zero weights of hidden keys inside a tile, which is
+ * exact while V is finite; a tile where some row hides a key and V holds a
+ * non-finite value takes the careful path instead: hidden weights are marked
+ * -0.0f and skipped row by row.
  *
  * Determinism: every row's arithmetic (the FMA chain over d, the order of the
  * keys, the exp, the sums over j in one lane) is the same whatever the other
@@ -65,7 +76,7 @@ static void simd_exp_array(const float *x, float *y, int64_t n)
         vf_storeu_n(y + i, (int32_t)(n - i), vf_exp(vf_loadu_n(x + i, (int32_t)(n - i))));
 }
 
-/* The state of one pass over up to RB query rows. */
+/* The state of one pass over up to RB query rows: the block's scratch. */
 typedef struct pass {
     const mha_attn_block *blk;
     int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st) */
@@ -73,6 +84,8 @@ typedef struct pass {
     const float *q;  /* row 0 of the pass */
     const float *bias;
     float *out;
+    int32_t ke_min;  /* the smallest kv_end of the pass's rows */
+    int bias_hides;  /* the bias of the current tile holds -INFINITY */
     _Alignas(64) int32_t ke[RB]; /* kv_end, 0 for padding rows */
     _Alignas(64) float m[RB], l[RB], alpha[RB];
     _Alignas(64) float qt[QT_FLOATS];
@@ -153,19 +166,37 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
     }
 }
 
-/* st[j][r] += bias[r][j0 + j] for rows r < nr, keys j < jn (all inside the bias
- * tensor). A bias shared by all rows (stride 0, BERT's [B,1,1,S]) is broadcast;
- * otherwise VF_LANES x VF_LANES blocks are transposed in registers. */
+/* s + b, or -inf where b is -INFINITY whatever s is (a NaN score of a hidden key). */
+static inline vf biased(vf s, vf b, vm *hides)
+{
+    const vm inf = vf_eq(b, vf_set1(-INFINITY));
+    *hides = vm_or(*hides, inf);
+    return vf_select(inf, b, vf_add(s, b));
+}
+
+static inline float biased1(float s, float b, int *hides)
+{
+    *hides |= b == -INFINITY;
+    return b == -INFINITY ? b : s + b;
+}
+
+/* st[j][r] = biased(st[j][r], bias[r][j0 + j]) for rows r < nr, keys j < jn (all
+ * inside the bias tensor); notes in ps->bias_hides whether any was -INFINITY. A
+ * bias shared by all rows (stride 0, BERT's [B,1,1,S]) is broadcast; otherwise
+ * VF_LANES x VF_LANES blocks are transposed in registers. */
 static void add_bias(pass *ps, int32_t j0, int32_t jn)
 {
     const int64_t bs = ps->blk->bias_stride;
+    vm hides = vm_none();
+    int hides1 = 0;
     if (bs == 0) {
         for (int32_t j = 0; j < jn; j++) {
             const vf b = vf_set1(ps->bias[j0 + j]);
             float *s = ps->st + j * ps->rp;
             for (int32_t r = 0; r < ps->nr; r += VF_LANES)
-                vf_store(s + r, vf_add(vf_load(s + r), b));
+                vf_store(s + r, biased(vf_load(s + r), b, &hides));
         }
+        ps->bias_hides = !vm_empty(hides);
         return;
     }
     int32_t rg = 0;
@@ -179,16 +210,35 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
             vf_transpose(a);
             for (int i = 0; i < VF_LANES; i++) {
                 float *s = ps->st + (j + i) * ps->rp + rg;
-                vf_store(s, vf_add(vf_load(s), a[i]));
+                vf_store(s, biased(vf_load(s), a[i], &hides));
             }
         }
         for (; j < jn; j++)
-            for (int32_t i = 0; i < VF_LANES; i++)
-                ps->st[j * ps->rp + rg + i] += b[i * bs + j];
+            for (int32_t i = 0; i < VF_LANES; i++) {
+                float *s = &ps->st[j * ps->rp + rg + i];
+                *s = biased1(*s, b[i * bs + j], &hides1);
+            }
     }
     for (int32_t r = rg; r < ps->nr; r++)
-        for (int32_t j = 0; j < jn; j++)
-            ps->st[j * ps->rp + r] += ps->bias[r * bs + j0 + j];
+        for (int32_t j = 0; j < jn; j++) {
+            float *s = &ps->st[j * ps->rp + r];
+            *s = biased1(*s, ps->bias[r * bs + j0 + j], &hides1);
+        }
+    ps->bias_hides = hides1 || !vm_empty(hides);
+}
+
+/* Are V's rows [j0, j0 + jn) all finite? (x * 0 is 0 for finite x, NaN otherwise.) */
+static int v_finite(const mha_attn_block *blk, int32_t j0, int32_t jn)
+{
+    const float *v = blk->v + (int64_t)j0 * blk->head_dim;
+    const int64_t n = (int64_t)jn * blk->head_dim;
+    vf acc = vf_zero();
+    int64_t i = 0;
+    for (; i + VF_LANES <= n; i += VF_LANES)
+        acc = vf_fmadd(vf_loadu(v + i), vf_zero(), acc);
+    if (i < n)
+        acc = vf_fmadd(vf_loadu_n(v + i, (int32_t)(n - i)), vf_zero(), acc);
+    return vm_all(vf_eq(acc, acc));
 }
 
 /* The online softmax for one tile, per row (vector lanes across rows):
@@ -196,8 +246,9 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
  *   m' = max(m, max_j s_j);   P_j = exp(s_j - m');   alpha = exp(m - m')
  *   l' = alpha l + sum_j P_j; (then O' = diag(alpha) O + P V in pv)
  * A row that has seen no visible key yet has m' = -inf: it uses 0 in place of
- * m', so P = 0 and alpha = 0 (O and l stay 0) instead of NaN. st becomes P. */
-static void softmax_tile(pass *ps, int32_t j0, int32_t jn)
+ * m', so P = 0 and alpha = 0 (O and l stay 0) instead of NaN. st becomes P;
+ * with `careful`, the P of hidden keys (s = -inf) is -0.0f. */
+static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const vf ninf = vf_set1(-INFINITY);
     for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
@@ -219,22 +270,51 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn)
         const vf mu = vf_select(vf_eq(mn, ninf), vf_zero(), mn);
         const vf alpha = vf_exp(vf_sub(m, mu));
         vf sum = vf_zero();
-        for (int32_t j = 0; j < jn; j++) {
-            float *sp = ps->st + j * ps->rp + g;
-            const vf p = vf_exp(vf_sub(vf_load(sp), mu));
-            vf_store(sp, p);
-            sum = vf_add(sum, p);
-        }
+        if (careful)
+            for (int32_t j = 0; j < jn; j++) {
+                float *sp = ps->st + j * ps->rp + g;
+                const vf s = vf_load(sp);
+                const vf p = vf_select(vf_eq(s, ninf), vf_set1(-0.0f), vf_exp(vf_sub(s, mu)));
+                vf_store(sp, p);
+                sum = vf_add(sum, p);
+            }
+        else
+            for (int32_t j = 0; j < jn; j++) {
+                float *sp = ps->st + j * ps->rp + g;
+                const vf p = vf_exp(vf_sub(vf_load(sp), mu));
+                vf_store(sp, p);
+                sum = vf_add(sum, p);
+            }
         vf_store(ps->m + g, mn);
         vf_store(ps->l + g, vf_fmadd(alpha, vf_load(ps->l + g), sum));
         vf_store(ps->alpha + g, alpha);
     }
 }
 
+/* The careful P.V of row r: O = alpha O + sum over keys j < jv whose P is not
+ * the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
+static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
+{
+    const int32_t dh = ps->blk->head_dim;
+    float *o = ps->out + r * ps->blk->out_stride;
+    const vf alpha = vf_set1(ps->alpha[r]);
+    for (int32_t d = 0; d < dh; d += VF_LANES) {
+        const int32_t n = dh - d < VF_LANES ? dh - d : VF_LANES;
+        vf acc = vf_mul(alpha, vf_loadu_n(o + d, n));
+        for (int32_t j = 0; j < jv; j++) {
+            const float p = ps->st[j * ps->rp + r];
+            if (p == 0.0f && signbit(p))
+                continue;
+            acc = vf_fmadd(vf_set1(p), vf_loadu_n(v + (int64_t)j * dh + d, n), acc);
+        }
+        vf_storeu_n(o + d, n, acc);
+    }
+}
+
 /* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A row group
  * stops at the last key any of its rows sees (P is 0 past it), and a group
  * that sees none of the tile keeps O (alpha is 1 or O is 0). */
-static void pv(pass *ps, int32_t j0, int32_t jn)
+static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const int32_t dh = ps->blk->head_dim;
     const float *v = ps->blk->v + (int64_t)j0 * dh;
@@ -243,6 +323,11 @@ static void pv(pass *ps, int32_t j0, int32_t jn)
         const int32_t jv = keys_seen(ps, rg, rg + valid, j0, jn);
         if (jv <= 0)
             continue;
+        if (careful) {
+            for (int32_t r = rg; r < rg + valid; r++)
+                pv_row_careful(ps, r, v, jv);
+            continue;
+        }
         const float *p = ps->st + rg;
         int32_t pp = ps->rp;
         float *o[PV_ROWS];
@@ -278,8 +363,7 @@ static void pv(pass *ps, int32_t j0, int32_t jn)
 
 static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 {
-    pass ps_storage;
-    pass *ps = &ps_storage;
+    pass *ps = blk->scratch;
     const int32_t dh = blk->head_dim;
     ps->blk = blk;
     ps->nr = nr;
@@ -289,9 +373,11 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->out = blk->out + r0 * blk->out_stride;
 
     int32_t jmax = 0;
+    ps->ke_min = INT32_MAX;
     for (int32_t r = 0; r < ps->rp; r++) {
         ps->ke[r] = r < nr ? blk->kv_end[r0 + r] : 0;
         jmax = ps->ke[r] > jmax ? ps->ke[r] : jmax;
+        ps->ke_min = r < nr && ps->ke[r] < ps->ke_min ? ps->ke[r] : ps->ke_min;
         ps->m[r] = -INFINITY;
         ps->l[r] = 0.0f;
     }
@@ -309,10 +395,14 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         if (j0 + jn < jmax)
             prefetch_tile(blk, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
         scores(ps, j0, jn);
+        ps->bias_hides = 0;
         if (ps->bias)
             add_bias(ps, j0, jn);
-        softmax_tile(ps, j0, jn);
-        pv(ps, j0, jn);
+        /* Some row hides a key of the tile that another row sees. */
+        const int hides = ps->ke_min < j0 + jn || ps->bias_hides;
+        const int careful = hides && !v_finite(blk, j0, jn);
+        softmax_tile(ps, j0, jn, careful);
+        pv(ps, j0, jn, careful);
     }
 
     /* O /= l; rows that saw no key have l = 0 and O = 0 and stay zeros. */

@@ -1,0 +1,101 @@
+/* Every parallel loop of the library goes through mha_parallel_for: OpenMP by
+ * default, the caller's pool after mha_set_parallel_for. Work items never
+ * depend on which thread runs them, so results are bitwise the same either way.
+ * Per-item scratch comes from an mha_scratch allocated before any output is
+ * written: one slot per thread that may run items at once. */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "internal.h"
+
+static _Atomic(mha_parallel_for_fn) hook_fn;
+static _Atomic(void *) hook_pool;
+
+void mha_set_parallel_for(mha_parallel_for_fn pfor, void *pool)
+{
+    atomic_store_explicit(&hook_pool, pool, memory_order_relaxed);
+    atomic_store_explicit(&hook_fn, pfor, memory_order_release);
+}
+
+void mha_parallel_for(int64_t n, void (*fn)(void *arg, int64_t i), void *arg)
+{
+    const mha_parallel_for_fn pfor = atomic_load_explicit(&hook_fn, memory_order_acquire);
+    if (n <= 1) {
+        if (n == 1)
+            fn(arg, 0);
+    } else if (pfor) {
+        pfor(atomic_load_explicit(&hook_pool, memory_order_relaxed), n, fn, arg);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n; i++)
+            fn(arg, i);
+    }
+}
+
+int64_t mha_parallel_width(void)
+{
+    if (atomic_load_explicit(&hook_fn, memory_order_acquire)) {
+        const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        return cpus > 0 ? cpus : 1;
+    }
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items)
+{
+    int64_t slots = mha_parallel_width();
+    slots = slots < items ? slots : items;
+    slots = slots < 64 ? slots : 64;
+    slots = slots > 0 ? slots : 1;
+    s->per = (bytes + 63) / 64 * 64;
+    s->slots = (int32_t)slots;
+    atomic_init(&s->busy, 0);
+    s->base = NULL;
+    if (s->per == 0)
+        return MHA_OK;
+    s->base = aligned_alloc(64, s->per * (size_t)slots);
+    return s->base ? MHA_OK : MHA_ERR_NOMEM;
+}
+
+void *mha_scratch_take(mha_scratch *s)
+{
+    if (!s->base)
+        return NULL;
+    for (;;) {
+        uint64_t busy = atomic_load_explicit(&s->busy, memory_order_relaxed);
+        for (int32_t i = 0; i < s->slots; i++) {
+            const uint64_t bit = UINT64_C(1) << i;
+            if (busy & bit)
+                continue;
+            if (atomic_compare_exchange_weak_explicit(&s->busy, &busy, busy | bit,
+                                                      memory_order_acquire, memory_order_relaxed))
+                return s->base + s->per * (size_t)i;
+            i = -1; /* busy was reloaded: scan again */
+        }
+        sched_yield(); /* more workers than slots: one finishes soon */
+    }
+}
+
+void mha_scratch_give(mha_scratch *s, void *slot)
+{
+    if (!slot)
+        return;
+    const size_t i = (size_t)((char *)slot - s->base) / s->per;
+    atomic_fetch_and_explicit(&s->busy, ~(UINT64_C(1) << i), memory_order_release);
+}
+
+void mha_scratch_free(mha_scratch *s)
+{
+    free(s->base);
+    s->base = NULL;
+}
