@@ -13,7 +13,8 @@
 //                           (b, h)), halved when causal; the softmax is not counted
 //                layer      QKV projection + attention + output projection
 //   %peak      GFLOP/s over the machine's peak: the best FMA-throughput loop of
-//              any ISA here (bench/peak*.c), same OpenMP thread count
+//              the ISAs built and on this CPU (bench/peak*.c), i.e. of its
+//              widest FMA, same OpenMP thread count
 //   %isa_peak  GFLOP/s over the FMA peak of the ISA the kernel ran on
 //   GB/s       head transpose: 2 * tensor bytes per call (read once, written
 //              once) / seconds / 1e9
@@ -26,6 +27,10 @@
 // Own flags (the rest go to Google Benchmark):
 //   --quick            a few small shapes and short runs, for CI smoke tests
 //   --shapes-json      print the shapes of this mode as JSON (read by peers.py)
+//   --shapes=A,B,...   only the shapes of these names (kShapes), quick or not
+//   --openblas-core    print the core OpenBLAS chose (openblas_get_corename;
+//                      nothing without OpenBLAS): tools/bench.sh sets
+//                      OPENBLAS_CORETYPE when it is a pre-AVX2 fallback
 //   --scalar-cap=G     skip the scalar ISA on calls above G GFLOP (default 4,
 //                      1 with --quick): it is 10-100x slower than SIMD
 #include <benchmark/benchmark.h>
@@ -42,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "isa_list.h"
 #include "mha.h"
 #include "peak.h"
 
@@ -50,6 +56,15 @@
 #endif
 
 namespace {
+
+// The FMA-throughput loop of every ISA built (bench/peak_<isa>.c), in mha_isa order.
+struct PeakLoop {
+    mha_isa isa;
+    double (*loop)(int64_t);
+};
+#define MHA_BENCH_PEAK_LOOP_(name, value) {value, mha_peak_fma__##name},
+const PeakLoop kPeakLoops[] = {MHA_ISA_BUILT(MHA_BENCH_PEAK_LOOP_)};
+#undef MHA_BENCH_PEAK_LOOP_
 
 // Kernel families, as named in benchmark names: <family>/<shape>/<implementation>.
 enum Family { QKV = 1, ATTENTION = 2, TRANSPOSE = 4, LAYER = 8, ALL = 15 };
@@ -78,6 +93,17 @@ const Shape kShapes[] = {
     // The head transpose on a 64 MiB tensor, far beyond the caches (the spec's target).
     {"transpose-64MiB", "transpose", 1, 16384, 16, 16, 64, false, TRANSPOSE, true},
 };
+
+// The shapes that run: those named by --shapes, else every one (--quick: the quick ones).
+std::vector<std::string> g_only_shapes;
+
+bool selected(const Shape &s, bool quick)
+{
+    if (!g_only_shapes.empty())
+        return std::find(g_only_shapes.begin(), g_only_shapes.end(), s.name)
+               != g_only_shapes.end();
+    return !quick || s.quick;
+}
 
 int64_t d_model(const Shape &s) { return (int64_t)s.heads * s.head_dim; }
 int64_t tokens(const Shape &s) { return (int64_t)s.batch * s.seq; }
@@ -110,7 +136,7 @@ double transpose_bytes(const Shape &s)
 }
 
 struct Peaks {
-    double fma_gflops[3] = {0, 0, 0}; // per mha_isa; 0: not measured
+    double fma_gflops[MHA_ISA_COUNT] = {}; // per mha_isa; 0: not measured
     double best_gflops = 0;
     double memcpy_gbps = 0;
     int threads = 1;
@@ -364,15 +390,9 @@ void register_peaks(double min_time)
             ->MinTime(min_time)
             ->Unit(benchmark::kMillisecond);
     };
-    add("peak/fma/scalar", mha_peak_fma__scalar);
-#ifdef MHA_BENCH_HAVE_AVX2
-    if (mha_isa_available(MHA_ISA_AVX2))
-        add("peak/fma/avx2", mha_peak_fma__avx2);
-#endif
-#ifdef MHA_BENCH_HAVE_NEON
-    if (mha_isa_available(MHA_ISA_NEON))
-        add("peak/fma/neon", mha_peak_fma__neon);
-#endif
+    for (const PeakLoop &p : kPeakLoops)
+        if (mha_isa_available(p.isa))
+            add((std::string("peak/fma/") + mha_isa_name(p.isa)).c_str(), p.loop);
     benchmark::RegisterBenchmark("peak/memcpy/64MiB", bm_peak_memcpy)
         ->UseManualTime()
         ->MinTime(min_time)
@@ -419,21 +439,16 @@ void measure_peaks(bool quick)
     g_peaks.threads = mha_peak_threads();
     const double secs = quick ? 0.05 : 0.2;
     const int reps = quick ? 3 : 5;
-    g_peaks.fma_gflops[MHA_ISA_SCALAR] = measure_fma(mha_peak_fma__scalar, secs, reps);
-#ifdef MHA_BENCH_HAVE_AVX2
-    if (mha_isa_available(MHA_ISA_AVX2))
-        g_peaks.fma_gflops[MHA_ISA_AVX2] = measure_fma(mha_peak_fma__avx2, secs, reps);
-#endif
-#ifdef MHA_BENCH_HAVE_NEON
-    if (mha_isa_available(MHA_ISA_NEON))
-        g_peaks.fma_gflops[MHA_ISA_NEON] = measure_fma(mha_peak_fma__neon, secs, reps);
-#endif
+    // Only the loops this CPU can run: the widest of them is the peak.
+    for (const PeakLoop &p : kPeakLoops)
+        if (mha_isa_available(p.isa))
+            g_peaks.fma_gflops[p.isa] = measure_fma(p.loop, secs, reps);
     for (double g : g_peaks.fma_gflops)
         g_peaks.best_gflops = std::max(g_peaks.best_gflops, g);
     g_peaks.memcpy_gbps = measure_memcpy(reps * 2);
 
     char buf[64];
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < MHA_ISA_COUNT; i++) {
         if (g_peaks.fma_gflops[i] <= 0)
             continue;
         std::snprintf(buf, sizeof buf, "%.3f", g_peaks.fma_gflops[i]);
@@ -454,7 +469,7 @@ void print_shapes_json(bool quick)
     std::printf("[\n");
     bool first = true;
     for (const Shape &s : kShapes) {
-        if (quick && !s.quick)
+        if (!selected(s, quick))
             continue;
         std::printf("%s  {\"name\": \"%s\", \"group\": \"%s\", \"batch\": %d, \"seq\": %d, "
                     "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"causal\": %s, "
@@ -478,12 +493,16 @@ void register_all(bool quick, double scalar_cap_gflop)
     const double min_time = quick ? 0.02 : 0.3;
     register_peaks(min_time);
     std::vector<mha_isa> isas;
-    for (int i = 0; i < 3; i++)
-        if (mha_isa_available((mha_isa)i))
+    std::string names;
+    for (int i = 0; i < MHA_ISA_COUNT; i++)
+        if (mha_isa_available((mha_isa)i)) {
             isas.push_back((mha_isa)i);
+            names += (names.empty() ? "" : ",") + std::string(mha_isa_name((mha_isa)i));
+        }
+    benchmark::AddCustomContext("isas", names); // those this build and CPU have, report.py's rows
 
     for (const Shape &s : kShapes) {
-        if (quick && !s.quick)
+        if (!selected(s, quick))
             continue;
         const std::string sn = s.name;
         // Scalar only where a call stays under the cap.
@@ -525,7 +544,7 @@ void register_all(bool quick, double scalar_cap_gflop)
 
 int main(int argc, char **argv)
 {
-    bool quick = false, shapes_json = false;
+    bool quick = false, shapes_json = false, openblas_core = false;
     double scalar_cap = -1;
     int kept = 1;
     for (int i = 1; i < argc; i++) {
@@ -533,6 +552,15 @@ int main(int argc, char **argv)
             quick = true;
         else if (std::strcmp(argv[i], "--shapes-json") == 0)
             shapes_json = true;
+        else if (std::strcmp(argv[i], "--openblas-core") == 0)
+            openblas_core = true;
+        else if (std::strncmp(argv[i], "--shapes=", 9) == 0)
+            for (const char *p = argv[i] + 9; *p;) {
+                const char *end = std::strchr(p, ',');
+                size_t len = end ? (size_t)(end - p) : std::strlen(p);
+                g_only_shapes.emplace_back(p, len);
+                p += end ? len + 1 : len;
+            }
         else if (std::strncmp(argv[i], "--scalar-cap=", 13) == 0)
             scalar_cap = std::atof(argv[i] + 13);
         else
@@ -541,6 +569,12 @@ int main(int argc, char **argv)
     argc = kept;
     if (shapes_json) {
         print_shapes_json(quick);
+        return 0;
+    }
+    if (openblas_core) {
+#ifdef MHA_BENCH_HAVE_BLAS
+        std::printf("%s\n", openblas_get_corename());
+#endif
         return 0;
     }
     if (scalar_cap < 0)
@@ -560,6 +594,9 @@ int main(int argc, char **argv)
 #ifdef MHA_BENCH_HAVE_BLAS
     openblas_set_num_threads(g_peaks.threads);
     benchmark::AddCustomContext("openblas", openblas_get_config());
+    benchmark::AddCustomContext("openblas_core", openblas_get_corename());
+    if (const char *forced = std::getenv("OPENBLAS_CORETYPE"))
+        benchmark::AddCustomContext("openblas_coretype", forced);
     benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
 #endif
 

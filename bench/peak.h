@@ -1,10 +1,11 @@
 /* The machine's measured peak, per ISA, on the OpenMP threads the benchmarks use.
  *
- * Each mha_peak_fma__<isa> runs `iters` iterations of a loop of independent
- * multiply-add chains on every OpenMP thread and returns the number of
- * floating-point operations it performed over all threads (a multiply-add
- * counts 2). The caller times the call: FLOP / seconds is the FMA peak of that
- * ISA for the thread count, the ceiling that "% of peak" divides by.
+ * Each mha_peak_fma__<isa>, one per ISA built (MHA_ISA_BUILT of isa_list.h),
+ * runs `iters` iterations of a loop of independent multiply-add chains on every
+ * OpenMP thread and returns the number of floating-point operations it
+ * performed over all threads (a multiply-add counts 2). The caller times the
+ * call: FLOP / seconds is the FMA peak of that ISA for the thread count; the
+ * best of them (the widest FMA) is the ceiling that "% of peak" divides by.
  *
  * mha_peak_memcpy splits a memcpy of `bytes` bytes from src to dst across the
  * OpenMP threads and returns the bytes moved: 2 * bytes (each byte is read once
@@ -15,13 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa_list.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-double mha_peak_fma__scalar(int64_t iters);
-double mha_peak_fma__avx2(int64_t iters);
-double mha_peak_fma__neon(int64_t iters);
+#define MHA_PEAK_DECLARE_(name, value) double mha_peak_fma__##name(int64_t iters);
+MHA_ISA_BUILT(MHA_PEAK_DECLARE_)
+#undef MHA_PEAK_DECLARE_
 double mha_peak_memcpy(void *dst, const void *src, size_t bytes);
 /* Threads that the OpenMP regions above (and libmha's) use: 1 without OpenMP. */
 int mha_peak_threads(void);

@@ -1,24 +1,39 @@
 #!/usr/bin/python3
-"""Peers of libmha on the shapes of mha-bench, timed in one process, printed as JSON.
+"""One peer framework of libmha on the shapes of mha-bench, timed, printed as JSON.
 
-  layer      torch.nn.MultiheadAttention (eval, batch_first, need_weights=False,
-             under torch.inference_mode: the native fast path); ONNX Runtime
-             graph MatMul x3 -> com.microsoft MultiHeadAttention -> MatMul + Add
-  attention  PyTorch matmul-softmax-matmul on [B, H, S, dh] (the scores are
-             materialized; grouped-query K/V are repeated per query head, as
-             models written in PyTorch do); ONNX Runtime com.microsoft
-             MultiHeadAttention on already projected [B, S, H*dh] inputs
+One framework per process (--peer), so that one runtime's thread pool never
+spins on the cores another is timed on; tools/bench.sh runs each in turn.
 
-torch.nn.MultiheadAttention and ONNX Runtime's MultiHeadAttention need as many
-K/V heads as query heads: the GQA shapes have no such peer. The QKV projection's
-peer (OpenBLAS) is in the C++ harness.
+  onnxruntime  attention: the standard Attention op (opset 23) on [B, H, S, dh]
+               (grouped-query via fewer K/V heads, is_causal) and
+               com.microsoft MultiHeadAttention on [B, S, H*dh] (no GQA;
+               unidirectional when causal); the faster of the two is the result
+               ("variant" names it, "variants" keeps both times).
+               layer: MatMul + Add (fused QKV weight) -> Split -> either
+               attention op on [B, S, heads*dh] -> MatMul + Add; the faster again.
+  torch        attention: torch.nn.functional.scaled_dot_product_attention on
+               [B, H, S, dh] (enable_gqa for grouped-query, is_causal).
+               layer: torch.nn.MultiheadAttention (eval, batch_first,
+               need_weights=False, under torch.inference_mode: the native fast
+               path); it has no grouped-query attention.
+  openvino     attention: the ScaledDotProductAttention op (opset 13); for
+               grouped-query, Q is viewed as [B, Hkv, H/Hkv, S, dh] and K, V as
+               [B, Hkv, 1, S, dh], which the op broadcasts.
+               layer: MatMul + Add (fused QKV) -> heads split -> SDPA -> heads
+               merged -> MatMul + Add. Compiled for CPU in f32
+               (INFERENCE_PRECISION_HINT; its default on AVX-512 is bf16) on
+               --threads threads.
 
-Usage: peers.py --shapes shapes.json [--threads 2] [--min-time 0.3] [--out peers.json]
+The QKV projection's peer (OpenBLAS) is in the C++ harness.
+
+Usage: peers.py --peer NAME --shapes shapes.json [--threads 2] [--min-time 0.3]
+                [--out peers.json] [--unavailable REASON]
 shapes.json is what `mha-bench --shapes-json` prints. Each result is the mean
 wall time per call over at least --min-time seconds (one untimed warm-up call
-first, unless it takes over --cold-limit seconds); report.py turns times into GFLOP/s with the FLOP formulas of main.cc.
-Peers of one shape run one after the other, shape after shape. Progress goes to
-stderr; a peer that is missing or fails is recorded as skipped with the reason.
+first, unless it takes over --cold-limit seconds); report.py turns times into
+GFLOP/s with the FLOP formulas of main.cc. Progress goes to stderr; a shape the
+peer cannot run, or a peer that is missing (--unavailable: bench.sh could not
+install it, and says why) or fails, is recorded as skipped with the reason.
 """
 import argparse
 import json
@@ -37,8 +52,7 @@ def log(msg):
 def time_calls(fn, min_time, cold_limit):
     """Mean seconds per call and the number of timed calls. The first call warms
     up (thread pools, first touch); when it takes over cold_limit seconds it is
-    the measurement, since calls that long (PyTorch on long sequences allocates
-    its score matrix anew on every call) gain nothing from a second one."""
+    the measurement, since calls that long gain nothing from a second one."""
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0
@@ -53,74 +67,57 @@ def time_calls(fn, min_time, cold_limit):
     return total / n, n
 
 
-def score_bytes(s):
-    """Bytes of the B x H x S x S float score matrix that PyTorch materializes."""
-    return 4 * s["batch"] * s["heads"] * s["seq"] * s["seq"]
+def dims(s):
+    """b, h, hkv, n, dh, e = h*dh, ekv = hkv*dh."""
+    b, h, hkv, n, dh = s["batch"], s["heads"], s["kv_heads"], s["seq"], s["head_dim"]
+    return b, h, hkv, n, dh, h * dh, hkv * dh
 
 
-class TorchPeers:
+class Inputs:
+    """Uniform [-1, 1) activations and nn.Linear-initialized weights, fixed seed."""
+
+    def __init__(self, s):
+        self.rng = np.random.default_rng(0)
+        self.s = s
+
+    def uniform(self, shape, bound=1.0):
+        return self.rng.uniform(-bound, bound, shape).astype(np.float32)
+
+    def qkv(self):
+        """q [B][H][S][dh], k and v [B][Hkv][S][dh]."""
+        b, h, hkv, n, dh, _, _ = dims(self.s)
+        return self.uniform((b, h, n, dh)), self.uniform((b, hkv, n, dh)), self.uniform((b, hkv, n, dh))
+
+    def layer(self):
+        """x [B][S][e]; W_qkv [(H + 2 Hkv) dh][e] and W_o [e][e] in nn.Linear's
+        [out][in] layout, with their biases."""
+        b, _, _, n, _, e, ekv = dims(self.s)
+        bound = 1.0 / math.sqrt(e)
+        return (self.uniform((b, n, e)), self.uniform((e + 2 * ekv, e), bound),
+                self.uniform((e + 2 * ekv,), bound), self.uniform((e, e), bound),
+                self.uniform((e,), bound))
+
+
+class Ort:
+    OPS = ("Attention", "MultiHeadAttention")  # timed each, the faster kept
+
     def __init__(self, threads):
-        import torch
-
-        self.torch = torch
-        torch.set_num_threads(threads)
-        self.version = torch.__version__
-
-    def layer(self, s):
-        torch = self.torch
-        if s["kv_heads"] != s["heads"]:
-            return None, "nn.MultiheadAttention has no grouped-query attention"
-        e = s["heads"] * s["head_dim"]
-        mha = torch.nn.MultiheadAttention(e, s["heads"], batch_first=True).eval()
-        x = torch.rand(s["batch"], s["seq"], e) * 2 - 1
-
-        def call():
-            with torch.inference_mode():
-                mha(x, x, x, need_weights=False)
-
-        return call, None
-
-    def attention(self, s):
-        torch = self.torch
-        b, h, hkv, n, dh = s["batch"], s["heads"], s["kv_heads"], s["seq"], s["head_dim"]
-        q = torch.rand(b, h, n, dh) * 2 - 1
-        k = torch.rand(b, hkv, n, dh) * 2 - 1
-        v = torch.rand(b, hkv, n, dh) * 2 - 1
-        scale = 1.0 / math.sqrt(dh)
-        mask = torch.ones(n, n, dtype=torch.bool).triu(1) if s["causal"] else None
-
-        def call():
-            with torch.inference_mode():
-                kk, vv = k, v
-                if hkv != h:
-                    kk = k.repeat_interleave(h // hkv, dim=1)
-                    vv = v.repeat_interleave(h // hkv, dim=1)
-                scores = (q @ kk.transpose(-2, -1)) * scale
-                if mask is not None:
-                    scores.masked_fill_(mask, float("-inf"))
-                torch.softmax(scores, dim=-1) @ vv
-
-        return call, None
-
-
-class OrtPeers:
-    def __init__(self, threads):
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
-        self.onnx, self.ort, self.helper, self.nh = onnx, ort, helper, numpy_helper
-        self.TensorProto = TensorProto
+        self.ort, self.helper, self.nh = ort, helper, numpy_helper
+        self.F = TensorProto.FLOAT
         self.threads = threads
         self.version = ort.__version__
 
-    def _session(self, graph):
+    def _session(self, nodes, inputs, outputs, inits=()):
         helper = self.helper
+        graph = helper.make_graph(nodes, "peer", inputs, outputs, initializer=list(inits))
         model = helper.make_model(
             graph,
-            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+            opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)],
         )
-        model.ir_version = 8
+        model.ir_version = 10
         so = self.ort.SessionOptions()
         so.intra_op_num_threads = self.threads
         so.inter_op_num_threads = 1
@@ -129,7 +126,16 @@ class OrtPeers:
             model.SerializeToString(), so, providers=["CPUExecutionProvider"]
         )
 
-    def _mha_node(self, inputs, output, s):
+    def _tensor(self, name, shape):
+        return self.helper.make_tensor_value_info(name, self.F, list(shape))
+
+    def _node(self, op, inputs, output, s, layout_3d):
+        """The attention node of variant op; layout_3d: inputs [B, S, heads*dh]."""
+        if op == "Attention":
+            attrs = {"is_causal": int(s["causal"])}
+            if layout_3d:
+                attrs.update(q_num_heads=s["heads"], kv_num_heads=s["kv_heads"])
+            return self.helper.make_node("Attention", inputs, [output], **attrs)
         attrs = {"num_heads": s["heads"]}
         if s["causal"]:
             attrs["unidirectional"] = 1
@@ -137,106 +143,228 @@ class OrtPeers:
             "MultiHeadAttention", inputs, [output], domain="com.microsoft", **attrs
         )
 
+    def _no_gqa(self, op, s):
+        if op == "MultiHeadAttention" and s["kv_heads"] != s["heads"]:
+            return "com.microsoft MultiHeadAttention has no grouped-query attention"
+        return None
+
+    def attention(self, s, op):
+        if why := self._no_gqa(op, s):
+            return why
+        b, h, _, n, dh, e, _ = dims(s)
+        q, k, v = Inputs(s).qkv()
+        if op == "MultiHeadAttention":  # [B, S, H*dh]
+            q, k, v = (x.transpose(0, 2, 1, 3).reshape(b, n, -1).copy() for x in (q, k, v))
+        feeds = {"q": q, "k": k, "v": v}
+        out_shape = (b, n, e) if op == "MultiHeadAttention" else (b, h, n, dh)
+        sess = self._session(
+            [self._node(op, ["q", "k", "v"], "o", s, op == "MultiHeadAttention")],
+            [self._tensor(name, x.shape) for name, x in feeds.items()],
+            [self._tensor("o", out_shape)],
+        )
+        return lambda: sess.run(None, feeds)
+
+    def layer(self, s, op):
+        if why := self._no_gqa(op, s):
+            return why
+        helper, nh = self.helper, self.nh
+        b, _, _, n, _, e, ekv = dims(s)
+        x, w_qkv, b_qkv, w_o, b_o = Inputs(s).layer()
+        # MatMul takes W^T [in][out].
+        inits = [nh.from_array(w_qkv.T.copy(), "w_qkv"), nh.from_array(b_qkv, "b_qkv"),
+                 nh.from_array(w_o.T.copy(), "w_o"), nh.from_array(b_o, "b_o"),
+                 nh.from_array(np.array([e, ekv, ekv], np.int64), "split")]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w_qkv"], ["xw"]),
+            helper.make_node("Add", ["xw", "b_qkv"], ["qkv"]),
+            helper.make_node("Split", ["qkv", "split"], ["q", "k", "v"], axis=2),
+            self._node(op, ["q", "k", "v"], "attn", s, True),
+            helper.make_node("MatMul", ["attn", "w_o"], ["proj"]),
+            helper.make_node("Add", ["proj", "b_o"], ["y"]),
+        ]
+        sess = self._session(nodes, [self._tensor("x", (b, n, e))], [self._tensor("y", (b, n, e))], inits)
+        feeds = {"x": x}
+        return lambda: sess.run(None, feeds)
+
+
+class Torch:
+    def __init__(self, threads):
+        import torch
+
+        self.torch = torch
+        torch.set_num_threads(threads)
+        self.version = torch.__version__
+
+    def _tensor(self, x):
+        return self.torch.from_numpy(x)
+
     def attention(self, s):
-        if s["kv_heads"] != s["heads"]:
-            return None, "MultiHeadAttention has no grouped-query attention"
-        helper, F = self.helper, self.TensorProto.FLOAT
-        b, n, e = s["batch"], s["seq"], s["heads"] * s["head_dim"]
-        io = [helper.make_tensor_value_info(name, F, [b, n, e]) for name in ("q", "k", "v", "o")]
-        graph = helper.make_graph([self._mha_node(["q", "k", "v"], "o", s)], "attn", io[:3], io[3:])
-        sess = self._session(graph)
-        rng = np.random.default_rng(0)
-        feeds = {name: rng.uniform(-1, 1, (b, n, e)).astype(np.float32) for name in ("q", "k", "v")}
-        return (lambda: sess.run(None, feeds)), None
+        torch = self.torch
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        q, k, v = (self._tensor(x) for x in Inputs(s).qkv())
+        gqa = s["kv_heads"] != s["heads"]
+
+        def call():
+            with torch.inference_mode():
+                sdpa(q, k, v, is_causal=s["causal"], enable_gqa=gqa)
+
+        return call
 
     def layer(self, s):
+        torch = self.torch
         if s["kv_heads"] != s["heads"]:
-            return None, "MultiHeadAttention has no grouped-query attention"
-        helper, nh, F = self.helper, self.nh, self.TensorProto.FLOAT
-        b, n, e = s["batch"], s["seq"], s["heads"] * s["head_dim"]
-        rng = np.random.default_rng(0)
-        bound = 1.0 / math.sqrt(e)
+            return "nn.MultiheadAttention has no grouped-query attention"
+        _, h, _, _, _, e, _ = dims(s)
+        x, w_qkv, b_qkv, w_o, b_o = Inputs(s).layer()
+        mha = torch.nn.MultiheadAttention(e, h, batch_first=True).eval()
+        with torch.no_grad():
+            mha.in_proj_weight.copy_(self._tensor(w_qkv))
+            mha.in_proj_bias.copy_(self._tensor(b_qkv))
+            mha.out_proj.weight.copy_(self._tensor(w_o))
+            mha.out_proj.bias.copy_(self._tensor(b_o))
+        xt = self._tensor(x)
 
-        def weight(name, shape):
-            return nh.from_array(rng.uniform(-bound, bound, shape).astype(np.float32), name)
+        def call():
+            with torch.inference_mode():
+                mha(xt, xt, xt, need_weights=False)
 
-        inits = [weight(f"w{p}", [e, e]) for p in "qkvo"]  # W^T: [in][out]
-        inits += [weight("b_qkv", [3 * e]), weight("b_o", [e])]
-        nodes = [helper.make_node("MatMul", ["x", f"w{p}"], [p]) for p in "qkv"]
-        nodes.append(self._mha_node(["q", "k", "v", "b_qkv"], "attn", s))
-        nodes.append(helper.make_node("MatMul", ["attn", "wo"], ["proj"]))
-        nodes.append(helper.make_node("Add", ["proj", "b_o"], ["y"]))
-        graph = helper.make_graph(
-            nodes,
-            "layer",
-            [helper.make_tensor_value_info("x", F, [b, n, e])],
-            [helper.make_tensor_value_info("y", F, [b, n, e])],
-            initializer=inits,
-        )
-        sess = self._session(graph)
-        feeds = {"x": rng.uniform(-1, 1, (b, n, e)).astype(np.float32)}
-        return (lambda: sess.run(None, feeds)), None
+        return call
+
+
+class OpenVino:
+    def __init__(self, threads):
+        import openvino as ov
+        import openvino.opset13 as ops
+
+        self.ov, self.ops = ov, ops
+        self.core = ov.Core()
+        self.config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+        self.version = ov.__version__.split("-")[0]
+
+    def _shape(self, node, shape):
+        return self.ops.reshape(node, self.ops.constant(np.array(shape, np.int64)), False)
+
+    def _heads(self, x, s, heads):
+        """[B, S, heads*dh] -> [B, heads, S, dh]."""
+        b, _, _, n, dh, _, _ = dims(s)
+        return self.ops.transpose(self._shape(x, [b, n, heads, dh]),
+                                  self.ops.constant(np.array([0, 2, 1, 3], np.int64)))
+
+    def _sdpa(self, q, k, v, s):
+        """[B, H, S, dh] from q [B, H, S, dh] and k, v [B, Hkv, S, dh]."""
+        b, h, hkv, n, dh, _, _ = dims(s)
+        if hkv == h:
+            return self.ops.scaled_dot_product_attention(q, k, v, causal=s["causal"])
+        q = self._shape(q, [b, hkv, h // hkv, n, dh])
+        k, v = (self._shape(x, [b, hkv, 1, n, dh]) for x in (k, v))
+        o = self.ops.scaled_dot_product_attention(q, k, v, causal=s["causal"])
+        return self._shape(o, [b, h, n, dh])
+
+    def _compile(self, outputs, params, feeds):
+        model = self.ov.Model(outputs, params)
+        request = self.core.compile_model(model, "CPU", self.config).create_infer_request()
+        return lambda: request.infer(feeds, share_inputs=True)
+
+    def attention(self, s):
+        ops = self.ops
+        feeds = list(Inputs(s).qkv())
+        params = [ops.parameter(x.shape, np.float32, name=name) for name, x in zip("qkv", feeds)]
+        return self._compile([self._sdpa(*params, s)], params, feeds)
+
+    def layer(self, s):
+        ops = self.ops
+        b, h, hkv, n, _, e, ekv = dims(s)
+        x, w_qkv, b_qkv, w_o, b_o = Inputs(s).layer()
+        xp = ops.parameter(x.shape, np.float32, name="x")
+        qkv = ops.add(ops.matmul(xp, ops.constant(w_qkv), False, True), ops.constant(b_qkv))
+        q, k, v = ops.variadic_split(qkv, ops.constant(np.int64(2)),
+                                     ops.constant(np.array([e, ekv, ekv], np.int64))).outputs()
+        o = self._sdpa(self._heads(q, s, h), self._heads(k, s, hkv), self._heads(v, s, hkv), s)
+        o = self._shape(ops.transpose(o, ops.constant(np.array([0, 2, 1, 3], np.int64))), [b, n, e])
+        y = ops.add(ops.matmul(o, ops.constant(w_o), False, True), ops.constant(b_o))
+        return self._compile([y], [xp], [x])
+
+
+# peer -> (class, {family: impl}); impl names the report's column.
+PEERS = {
+    "onnxruntime": (Ort, {"attention": "ort", "layer": "ort"}),
+    "torch": (Torch, {"attention": "torch_sdpa", "layer": "torch_mha"}),
+    "openvino": (OpenVino, {"attention": "openvino", "layer": "openvino"}),
+}
+
+
+def run(build, args):
+    """(seconds per call, calls) of the call that build() returns, or the reason
+    (a string) why it cannot run: build's own, or the exception it or the call
+    raised (a peer's failure must not stop the run)."""
+    try:
+        call = build()
+        return call if isinstance(call, str) else time_calls(call, args.min_time, args.cold_limit)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
+def measure(peer, family, s, args):
+    """The record's timing fields, or {"skipped": reason}. ONNX Runtime times
+    each of its attention ops and keeps the faster."""
+    if not isinstance(peer, Ort):
+        t = run(lambda: getattr(peer, family)(s), args)
+        return {"skipped": t} if isinstance(t, str) else {"seconds": t[0], "calls": t[1]}
+    times = {op: run(lambda op=op: getattr(peer, family)(s, op), args) for op in Ort.OPS}
+    ran = {op: t for op, t in times.items() if not isinstance(t, str)}
+    if not ran:
+        return {"skipped": "; ".join(f"{op}: {why}" for op, why in times.items())}
+    best = min(ran, key=lambda op: ran[op][0])
+    return {"seconds": ran[best][0], "calls": ran[best][1], "variant": best,
+            "variants": {op: t[0] if op in ran else t for op, t in times.items()}}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peer", required=True, choices=sorted(PEERS))
     ap.add_argument("--shapes", required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=0.3)
-    ap.add_argument(
-        "--max-score-gib",
-        type=float,
-        default=4.0,
-        help="skip PyTorch where its B*H*S*S score matrix exceeds this many GiB",
-    )
     ap.add_argument(
         "--cold-limit",
         type=float,
         default=2.0,
         help="a first call longer than this many seconds is the measurement",
     )
+    ap.add_argument("--unavailable", metavar="REASON",
+                    help="the peer is not installed: skip every shape with this reason")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
     with open(args.shapes) as f:
         shapes = json.load(f)
 
-    peers, context = {}, {"threads": args.threads, "python": platform.python_version()}
-    for name, cls in (("torch", TorchPeers), ("onnxruntime", OrtPeers)):
+    cls, impls = PEERS[args.peer]
+    context = {"threads": args.threads, "python": platform.python_version()}
+    peer, missing = None, args.unavailable
+    if missing is None:
         try:
-            peers[name] = cls(args.threads)
-            context[name] = peers[name].version
+            peer = cls(args.threads)
+            context[args.peer] = peer.version
         except ImportError as exc:
-            log(f"peers: {name} not available: {exc}")
-            context[name] = f"not available: {exc}"
+            missing = f"import failed: {exc}"
+    if missing is not None:
+        log(f"peers: {args.peer} not available: {missing}")
+        context[args.peer] = f"not available: {missing}"
 
-    # (family, impl, library, method); impl names the column of the report.
-    plan = [
-        ("attention", "torch_unfused", "torch", "attention"),
-        ("attention", "ort_mha", "onnxruntime", "attention"),
-        ("layer", "torch_mha", "torch", "layer"),
-        ("layer", "ort_layer", "onnxruntime", "layer"),
-    ]
     results = []
     for s in shapes:
-        for family, impl, lib, method in plan:
+        for family, impl in impls.items():
             if family not in s["families"]:
                 continue
             rec = {"family": family, "shape": s["name"], "impl": impl}
-            if lib not in peers:
-                rec["skipped"] = f"{lib} not available"
-            elif lib == "torch" and score_bytes(s) > args.max_score_gib * 2**30:
-                rec["skipped"] = f"score matrix {score_bytes(s) / 2**30:.1f} GiB > --max-score-gib"
+            if peer is None:
+                rec["skipped"] = f"{args.peer} not available: {missing}"
             else:
-                try:
-                    call, why = getattr(peers[lib], method)(s)
-                    if call is None:
-                        rec["skipped"] = why
-                    else:
-                        rec["seconds"], rec["calls"] = time_calls(call, args.min_time, args.cold_limit)
-                except Exception as exc:  # a peer's failure must not stop the run
-                    rec["skipped"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                rec.update(measure(peer, family, s, args))
             if "seconds" in rec:
-                log(f"peers: {family}/{s['name']}/{impl}: {rec['seconds'] * 1e3:.2f} ms x {rec['calls']}")
+                variant = f" ({rec['variant']})" if "variant" in rec else ""
+                log(f"peers: {family}/{s['name']}/{impl}{variant}: "
+                    f"{rec['seconds'] * 1e3:.2f} ms x {rec['calls']}")
             else:
                 log(f"peers: {family}/{s['name']}/{impl}: skipped ({rec['skipped']})")
             results.append(rec)

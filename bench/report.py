@@ -4,9 +4,11 @@
 Writes to --out-dir:
   results.json    every measurement: family, shape, implementation, seconds per
                   call, GFLOP/s (GB/s for the transpose), % of the measured peak
-  table.md        one row per (kernel family, shape): libmha per ISA, each peer,
-                  libmha's best ISA over the best peer, the SIMD gain, % of peak
-  attention.png   attention GFLOP/s against sequence length (B=1, 12 heads, dh 64)
+  table.md        one section per kernel family, one row per (shape, libmha ISA
+                  of this CPU, peer): GFLOP/s, % of peak, and on libmha's rows
+                  its ratio to each peer, to the best peer and to scalar
+  attention.png   attention GFLOP/s against sequence length (B=1, 12 heads, dh 64),
+                  every ISA and peer
   layer_seq.png   the whole layer, same shapes
   layer.png       bar chart of the BERT-base layer (B = 1, 8, 32; S = 128)
 
@@ -14,8 +16,9 @@ GFLOP/s come from seconds per call and the FLOP counts of bench/main.cc:
   GEMM 2*M*N*K; attention 4*B*H*Sq*Skv*dh, halved when causal; the layer is the
   QKV projection + attention + output projection. The transpose moves 2 * tensor
   bytes per call (read once, written once), as memcpy's bandwidth is counted.
-With several rounds (--bench and --peers repeated), each entry keeps its best
-(shortest) time.
+The peak is the machine's FMA peak with its widest FMA: the best FMA loop of
+every ISA the harness measured (bench/peak_<isa>.c). With several rounds
+(--bench and --peers repeated), each entry keeps its best (shortest) time.
 """
 import argparse
 import datetime
@@ -28,16 +31,23 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ISAS = ["scalar", "avx2", "neon"]
-# Peer implementations: (column of the table, legend label, family).
+# Peers per family: impl (peers.py's, or the harness's openblas) -> (column, plot label).
 PEERS = {
-    "openblas": ("OpenBLAS", "OpenBLAS cblas_sgemm", "qkv"),
-    "torch_unfused": ("PyTorch", "PyTorch matmul-softmax-matmul", "attention"),
-    "torch_mha": ("PyTorch", "torch.nn.MultiheadAttention (fast path)", "layer"),
-    "ort_mha": ("ONNX Runtime", "ONNX Runtime MultiHeadAttention", "attention"),
-    "ort_layer": ("ONNX Runtime", "ONNX Runtime MatMul+MultiHeadAttention", "layer"),
+    "qkv": {"openblas": ("OpenBLAS", "OpenBLAS cblas_sgemm")},
+    "attention": {
+        "ort": ("ORT", "ONNX Runtime (faster of Attention, MultiHeadAttention)"),
+        "torch_sdpa": ("torch SDPA", "torch scaled_dot_product_attention"),
+        "openvino": ("OpenVINO", "OpenVINO ScaledDotProductAttention"),
+    },
+    "transpose": {},
+    "layer": {
+        "ort": ("ORT", "ONNX Runtime MatMul + attention op"),
+        "torch_mha": ("torch MHA", "torch.nn.MultiheadAttention (fast path)"),
+        "openvino": ("OpenVINO", "OpenVINO MatMul + SDPA"),
+    },
 }
-PEER_COLUMNS = ["OpenBLAS", "PyTorch", "ONNX Runtime"]
+FRAMEWORKS = ["onnxruntime", "torch", "openvino"]  # peers.py --peer
+ORT_OPS = {"Attention": "Attention op", "MultiHeadAttention": "com.microsoft MHA"}
 FAMILY_TITLES = {
     "qkv": "fused QKV projection",
     "attention": "attention",
@@ -61,9 +71,9 @@ def work(family, s):
 
 
 def load_bench(paths):
-    """(family, shape, impl) -> seconds per call, best over the files; the context;
-    the peaks: the best of every measurement (before the benchmarks, and the
-    peak/fma/<isa>, peak/memcpy/64MiB benchmarks at their start and end), as
+    """(family, shape, impl) -> seconds per call, best over the files; errors; the
+    context; the peaks: the best of every measurement (before the benchmarks, and
+    the peak/fma/<isa>, peak/memcpy/64MiB benchmarks at their start and end), as
     {"fma": {isa: GFLOP/s}, "memcpy": GB/s}; and for the transpose, the seconds of
     a memcpy of the same bytes interleaved with it (from the same run as the best
     time)."""
@@ -77,9 +87,9 @@ def load_bench(paths):
         with open(path) as f:
             doc = json.load(f)
         context = doc.get("context", {})
-        for isa in ISAS:
-            if f"peak_gflops_{isa}" in context:
-                better_fma(isa, float(context[f"peak_gflops_{isa}"]))
+        for key, value in context.items():
+            if key.startswith("peak_gflops_"):
+                better_fma(key[len("peak_gflops_"):], float(value))
         peaks["memcpy"] = max(peaks["memcpy"], float(context.get("memcpy_gbps", 0)))
         for b in doc.get("benchmarks", []):
             if b.get("run_type", "iteration") != "iteration":
@@ -105,18 +115,24 @@ def load_bench(paths):
 
 
 def load_peers(paths):
-    times, skipped, context = {}, {}, {}
+    """(family, shape, impl) -> seconds, best over the files; -> reason skipped
+    (where no file has a time); -> the best record's extra fields (ONNX Runtime's
+    variant and variants); the contexts merged (one file per framework)."""
+    times, skipped, extra, context = {}, {}, {}, {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
-        context = doc.get("context", {})
+        context.update(doc.get("context", {}))
         for r in doc["results"]:
             key = (r["family"], r["shape"], r["impl"])
             if "seconds" in r:
-                times[key] = min(r["seconds"], times.get(key, r["seconds"]))
+                if r["seconds"] <= times.get(key, r["seconds"]):
+                    times[key] = r["seconds"]
+                    extra[key] = {k: r[k] for k in ("variant", "variants") if k in r}
             else:
                 skipped[key] = r["skipped"]
-    return times, skipped, context
+    skipped = {k: why for k, why in skipped.items() if k not in times}
+    return times, skipped, extra, context
 
 
 def cpu_model():
@@ -136,37 +152,50 @@ def fmt(x):
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
+def openblas_core(bctx, detected):
+    """The core OpenBLAS ran with, and how it was chosen."""
+    core = bctx.get("openblas_core")
+    if core is None:
+        return "not built"
+    if "openblas_coretype" in bctx:
+        return f"{core} (OPENBLAS_CORETYPE set; detected {detected or '?'})"
+    return f"{core} (detected)"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", required=True, help="what `mha-bench --shapes-json` printed")
     ap.add_argument("--bench", action="append", required=True, help="mha-bench JSON (repeatable)")
     ap.add_argument("--peers", action="append", default=[], help="peers.py JSON (repeatable)")
+    ap.add_argument("--openblas-detected", default="",
+                    help="the core OpenBLAS detects without OPENBLAS_CORETYPE (bench.sh)")
     ap.add_argument("--out-dir", required=True)
     args = ap.parse_args()
     with open(args.shapes) as f:
         shapes = json.load(f)
     btimes, berrors, bctx, peaks, copy_times = load_bench(args.bench)
-    ptimes, pskipped, pctx = load_peers(args.peers)
+    ptimes, pskipped, pextra, pctx = load_peers(args.peers)
     times = {**btimes, **ptimes}
 
     isa_peak = peaks["fma"]
-    peak = max(isa_peak.values())
-    memcpy = peaks["memcpy"]
-    isas = [i for i in ISAS if i in isa_peak]
-    threads = bctx.get("omp_threads", "?")
+    peak_isa = max(isa_peak, key=isa_peak.get)
+    isas = bctx["isas"].split(",")  # those of this build and CPU, in mha_isa order
     info = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu": cpu_model(),
-        "threads": threads,
+        "threads": bctx.get("omp_threads", "?"),
         "mode": bctx.get("mode", "?"),
-        "peak_gflops": peak,
-        "peak_gflops_per_isa": isa_peak,
-        "memcpy_gbps": memcpy,
+        "isas": isas,
+        "peak_gflops": isa_peak[peak_isa],
+        "peak_isa": peak_isa,
+        "peak_gflops_per_isa": {i: isa_peak[i] for i in isas if i in isa_peak},
+        "memcpy_gbps": peaks["memcpy"],
         "libmha": bctx.get("mha_version", "?"),
         "openblas": bctx.get("openblas", "not built"),
-        "torch": pctx.get("torch", "not run"),
-        "onnxruntime": pctx.get("onnxruntime", "not run"),
+        "openblas_core": openblas_core(bctx, args.openblas_detected),
         "scalar_cap_gflop": bctx.get("scalar_cap_gflop", "?"),
+        # A framework missing from every peers file was not run (--quick: ONNX Runtime only).
+        "peers": {p: pctx.get(p, "not run") for p in FRAMEWORKS},
     }
 
     def rate(family, s, impl):
@@ -183,11 +212,12 @@ def main():
         rec = {"family": family, "shape": shape, "impl": impl, "seconds": t}
         if family == "transpose":
             copy = copy_times.get((family, shape, impl))
-            rec.update(gbps=r, pct_memcpy=100 * copy / t if copy else 100 * r / memcpy)
+            rec.update(gbps=r, pct_memcpy=100 * copy / t if copy else 100 * r / info["memcpy_gbps"])
         else:
-            rec.update(gflops=r, pct_peak=100 * r / peak)
+            rec.update(gflops=r, pct_peak=100 * r / info["peak_gflops"])
             if impl in isa_peak:
                 rec["pct_isa_peak"] = 100 * r / isa_peak[impl]
+        rec.update(pextra.get((family, shape, impl), {}))
         results.append(rec)
     skipped = [
         {"family": f, "shape": s, "impl": i, "reason": why}
@@ -198,12 +228,11 @@ def main():
         json.dump({"context": info, "results": results, "skipped": skipped}, f, indent=1)
         f.write("\n")
 
-    memcpy_pct = {(r["shape"], r["impl"]): r["pct_memcpy"] for r in results
-                  if r["family"] == "transpose"}
-    write_table(args.out_dir, shapes, isas, rate, info, skipped, memcpy_pct)
-    plot_vs_seq(args.out_dir, shapes, isas, rate, info, "attention", ["torch_unfused", "ort_mha"])
-    plot_vs_seq(args.out_dir, shapes, isas, rate, info, "layer", ["torch_mha", "ort_layer"])
-    plot_layer_bars(args.out_dir, shapes, isas, rate, info)
+    by_key = {(r["family"], r["shape"], r["impl"]): r for r in results}
+    write_table(args.out_dir, shapes, rate, info, skipped, by_key)
+    plot_vs_seq(args.out_dir, shapes, rate, info, "attention")
+    plot_vs_seq(args.out_dir, shapes, rate, info, "layer")
+    plot_layer_bars(args.out_dir, shapes, rate, info)
 
 
 def shape_text(s):
@@ -214,70 +243,110 @@ def shape_text(s):
     return text + (" causal" if s["causal"] else "")
 
 
-def write_table(out_dir, shapes, isas, rate, info, skipped, memcpy_pct):
-    """memcpy_pct: (shape, isa) -> the transpose's speed as % of memcpy's."""
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "—"
+
+
+def write_table(out_dir, shapes, rate, info, skipped, by_key):
+    """by_key: (family, shape, impl) -> its record in results.json."""
+    isas = info["isas"]
+    peaks = ", ".join(f"{i} {v:.1f}" for i, v in info["peak_gflops_per_isa"].items())
+    peers = ", ".join(f"{p} {v.split(':')[0]}" for p, v in info["peers"].items())
     lines = [
         f"# libmha benchmark ({info['mode']} run)",
         "",
-        f"{info['date']}, {info['cpu']}, {info['threads']} threads (OpenMP, OpenBLAS, "
-        f"PyTorch and ONNX Runtime alike).",
+        f"**{info['cpu']}, {info['threads']} threads** (OpenMP, OpenBLAS and every peer alike), "
+        f"{info['date']}. libmha {info['libmha']}, ISAs on this CPU: {', '.join(isas)}.",
         "",
-        "Measured peak: FMA-throughput loop "
-        + ", ".join(f"{i} {v:.1f} GFLOP/s" for i, v in info["peak_gflops_per_isa"].items())
-        + f"; memcpy {info['memcpy_gbps']:.1f} GB/s (2 x bytes copied, 64 MiB).",
+        f"Peak: {info['peak_gflops']:.1f} GFLOP/s, the FMA-throughput loop of the widest FMA "
+        f"({info['peak_isa']}); per ISA {peaks} GFLOP/s. memcpy {info['memcpy_gbps']:.1f} GB/s "
+        "(2 x bytes copied, 64 MiB).",
         "",
-        f"Versions: libmha {info['libmha']}, torch {info['torch']}, onnxruntime "
-        f"{info['onnxruntime']}, {info['openblas']}.",
+        f"OpenBLAS core: {info['openblas_core']}; {info['openblas']}.",
+        "",
+        f"Peers, each timed in its own process: {peers}.",
         "",
         "Cells are GFLOP/s (head transpose: GB/s, 2 x tensor bytes per call). "
         "FLOP: GEMM 2*M*N*K; attention 4*B*H*Sq*Skv*dh, halved when causal; "
-        "layer = QKV + attention + output projection. PyTorch is matmul-softmax-matmul "
-        "for attention and torch.nn.MultiheadAttention (fast path) for the layer; "
-        "ONNX Runtime is com.microsoft MultiHeadAttention (with MatMuls around it for "
-        "the layer). \"vs peers\" is libmha's best ISA over each peer, "
-        "\"SIMD gain\" its best SIMD ISA over scalar, \"% of peak\" libmha's best ISA "
-        "over the best FMA peak (transpose: over memcpy; for 64 MiB, a memcpy of the same bytes timed alongside each call).",
-        "",
+        "layer = QKV + attention + output projection. \"% of peak\" is over the widest "
+        "FMA's peak (transpose: % of memcpy; for 64 MiB, a memcpy of the same bytes timed "
+        "alongside each call). \"vs X\" is that libmha ISA's speed over X's. ORT is the "
+        "faster of ONNX Runtime's Attention op (opset 23) and com.microsoft "
+        "MultiHeadAttention, named in its row (for the layer, with MatMul + Add around it); "
+        "torch SDPA is torch.nn.functional.scaled_dot_product_attention, torch MHA "
+        "torch.nn.MultiheadAttention (fast path); OpenVINO runs ScaledDotProductAttention "
+        "(with MatMul + Add around it for the layer) in f32.",
     ]
-    head = ["kernel", "shape"] + [f"libmha {i}" for i in isas] + PEER_COLUMNS
-    head += ["vs peers", "SIMD gain", "% of peak"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for family in ["qkv", "attention", "transpose", "layer"]:
+        # Peers measured on some shape (the notes say why the others were not).
+        fam_peers = {impl: v for impl, v in PEERS[family].items()
+                     if any(rate(family, s, impl) for s in shapes if family in s["families"])}
+        unit = "GB/s" if family == "transpose" else "GFLOP/s"
+        head = ["shape", "implementation", unit,
+                "% of memcpy" if family == "transpose" else "% of peak"]
+        head += [f"vs {col}" for col, _ in fam_peers.values()]
+        head += ["vs best peer"] if len(fam_peers) > 1 else []
+        head += ["vs scalar"]
+        rows = []
         for s in shapes:
             if family not in s["families"]:
                 continue
             mine = {i: rate(family, s, i) for i in isas}
-            peers = {}
-            for impl, (col, _, fam) in PEERS.items():
-                if fam == family:
-                    peers[col] = (impl, rate(family, s, impl))
-            if not any(mine.values()) and not any(r for _, r in peers.values()):
+            theirs = {impl: rate(family, s, impl) for impl in fam_peers}
+            if not any(mine.values()) and not any(theirs.values()):
                 continue
-            best_isa = max((i for i in isas if mine[i]), key=lambda i: mine[i], default=None)
-            best = mine[best_isa] if best_isa else None
-            ratio = ", ".join(
-                f"{best / r:.2f}x {'ORT' if col == 'ONNX Runtime' else col}"
-                for col, (_, r) in peers.items() if best and r
-            ) or "—"
-            simd = [mine[i] for i in isas if i != "scalar" and mine[i]]
-            gain = f"{max(simd) / mine['scalar']:.1f}x" if simd and mine.get("scalar") else "—"
-            if best is None:
-                pct = "—"
-            elif family == "transpose":
-                pct = f"{memcpy_pct[(s['name'], best_isa)]:.0f}% memcpy"
-            else:
-                pct = f"{100 * best / info['peak_gflops']:.0f}%"
-            row = [FAMILY_TITLES[family], f"{s['name']} ({shape_text(s)})"]
-            row += [fmt(mine[i]) for i in isas]
-            row += [fmt(peers[c][1]) if c in peers else "" for c in PEER_COLUMNS]
-            row += [ratio, gain, pct]
-            lines.append("| " + " | ".join(row) + " |")
+            best_peer = max((p for p in theirs if theirs[p]), key=theirs.get, default=None)
+            shape_cell = f"{s['name']} ({shape_text(s)})"
+
+            def pct(impl, r):
+                if r is None:
+                    return "—"
+                rec = by_key[(family, s["name"], impl)]
+                return f"{rec['pct_memcpy' if family == 'transpose' else 'pct_peak']:.0f}%"
+
+            # libmha widest ISA first; scalar only where it ran (--scalar-cap).
+            for isa in reversed(isas):
+                r = mine[isa]
+                if r is None and isa == "scalar":
+                    continue
+                row = [shape_cell, f"libmha {isa}", fmt(r), pct(isa, r)]
+                row += [ratio(r, theirs[p]) for p in fam_peers]
+                if len(fam_peers) > 1:
+                    row += [f"{ratio(r, theirs[best_peer])} {fam_peers[best_peer][0]}"
+                            if best_peer and r else "—"]
+                row += [ratio(r, mine["scalar"]) if isa != "scalar" else ""]
+                rows.append(row)
+                shape_cell = ""
+            for impl, (col, _) in fam_peers.items():
+                r = theirs[impl]
+                if r is None:
+                    continue
+                variant = by_key[(family, s["name"], impl)].get("variant")
+                name = f"{col} ({ORT_OPS.get(variant, variant)})" if variant else col
+                rows.append([shape_cell, name, fmt(r), pct(impl, r)]
+                            + [""] * (len(head) - 4))
+                shape_cell = ""
+        if rows:
+            lines += ["", f"## {FAMILY_TITLES[family]}", "",
+                      "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(row) + " |" for row in rows]
     notes = [
         f"- libmha scalar runs only where a call is at most {info['scalar_cap_gflop']} "
-        "GFLOP (`--scalar-cap`); above, the cell is empty."
+        "GFLOP (`--scalar-cap`); above, it has no row."
     ]
+    for peer, state in info["peers"].items():
+        if state == "not run":
+            notes.append(f"- {peer}: not run"
+                         + (" (--quick times ONNX Runtime only)" if info["mode"] == "quick" else ""))
+        elif state.startswith("not available"):
+            notes.append(f"- {peer}: {state}")
+    # One line per reason, naming every benchmark it covers.
+    by_reason = {}
     for sk in skipped:
-        notes.append(f"- {sk['family']}/{sk['shape']}/{sk['impl']}: {sk['reason']}")
+        by_reason.setdefault(sk["reason"], []).append(f"{sk['family']}/{sk['shape']}/{sk['impl']}")
+    for why, keys in by_reason.items():
+        if not any(why.startswith(f"{p} not available") for p in FRAMEWORKS):  # said above
+            notes.append(f"- {', '.join(keys)}: {why}")
     lines += ["", "Not measured:", ""] + notes + [""]
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write("\n".join(lines))
@@ -287,7 +356,12 @@ def subtitle(info):
     return f"{info['cpu']}, {info['threads']} threads, {info['date'][:10]}"
 
 
-def plot_vs_seq(out_dir, shapes, isas, rate, info, family, peer_impls):
+def peak_line(ax, info):
+    ax.axhline(info["peak_gflops"], color="grey", ls=":",
+               label=f"measured FMA peak, {info['peak_isa']} ({info['peak_gflops']:.0f} GFLOP/s)")
+
+
+def plot_vs_seq(out_dir, shapes, rate, info, family):
     """GFLOP/s against S for B=1, 12 heads, dh 64, no mask: BERT's S=128 and the long ones."""
     series = sorted(
         (s for s in shapes
@@ -298,14 +372,14 @@ def plot_vs_seq(out_dir, shapes, isas, rate, info, family, peer_impls):
     if not series:
         return
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    for impl, label, style in [(i, f"libmha {i}", "o-") for i in isas] + [
-        (p, PEERS[p][1], "s--") for p in peer_impls
+    for impl, label, style in [(i, f"libmha {i}", "o-") for i in info["isas"]] + [
+        (p, label, "s--") for p, (_, label) in PEERS[family].items()
     ]:
         pts = [(s["seq"], rate(family, s, impl)) for s in series]
         pts = [(x, y) for x, y in pts if y]
         if pts:
             ax.plot(*zip(*pts), style, label=label)
-    ax.axhline(info["peak_gflops"], color="grey", ls=":", label=f"measured FMA peak ({info['peak_gflops']:.0f} GFLOP/s)")
+    peak_line(ax, info)
     ax.set_xscale("log", base=2)
     ax.set_xticks([s["seq"] for s in series], [str(s["seq"]) for s in series])
     ax.set_xlabel("sequence length S (B=1, 12 heads, head dim 64)")
@@ -321,13 +395,13 @@ def plot_vs_seq(out_dir, shapes, isas, rate, info, family, peer_impls):
     plt.close(fig)
 
 
-def plot_layer_bars(out_dir, shapes, isas, rate, info):
+def plot_layer_bars(out_dir, shapes, rate, info):
     """The BERT-base layer (d_model 768, 12 heads, S=128) for each batch size."""
     bert = [s for s in shapes if s["group"] == "bert" and "layer" in s["families"]]
     if not bert:
         return
-    impls = [(i, f"libmha {i}") for i in isas] + [
-        (p, PEERS[p][1]) for p in ("torch_mha", "ort_layer")
+    impls = [(i, f"libmha {i}") for i in info["isas"]] + [
+        (p, label) for p, (_, label) in PEERS["layer"].items()
     ]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(impls)
@@ -340,7 +414,7 @@ def plot_layer_bars(out_dir, shapes, isas, rate, info):
     ax.set_xlabel("batch size (BERT-base: d_model 768, 12 heads, S=128)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(f"BERT-base self-attention layer\n{subtitle(info)}", fontsize=10)
-    ax.axhline(info["peak_gflops"], color="grey", ls=":", label=f"measured FMA peak ({info['peak_gflops']:.0f} GFLOP/s)")
+    peak_line(ax, info)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()

@@ -1,36 +1,45 @@
 #!/bin/sh
 # The libmha benchmark comparison, in one command:
 #
-#   tools/bench.sh [--quick] [--threads N] [--rounds R] [--build-dir DIR] [--out DIR]
-#                  [-- MESON_OPTIONS...]
+#   tools/bench.sh [--quick] [--threads N] [--rounds R] [--shapes A,B,...]
+#                  [--build-dir DIR] [--out DIR] [-- MESON_OPTIONS...]
 #
 # MESON_OPTIONS go to `meson setup` when DIR is first configured (e.g.
 # -Davx2=disabled).
 #
 # 1. installs what is missing (apt-get): the build tools, Google Benchmark,
-#    OpenBLAS, PyTorch and matplotlib from Debian;
-# 2. creates a venv (--system-site-packages, so it sees Debian's torch and numpy)
-#    with onnxruntime and onnx from PyPI, unless it already has them;
+#    OpenBLAS and matplotlib from Debian;
+# 2. creates DIR/venv (its own site-packages: Debian's torch 1.13, whose
+#    OpenBLAS falls back to a pre-AVX2 core on some CPUs, and numpy 1.24 stay
+#    out) and installs each peer from PyPI that it lacks: onnxruntime and onnx;
+#    in full mode also torch and openvino. A peer that pip cannot install is
+#    reported as unavailable, with pip's error, in the table's notes;
 # 3. builds mha-bench (meson -Dbench=true) in DIR (default build-bench);
-# 4. runs R rounds of mha-bench (libmha per ISA, OpenBLAS) then peers.py
-#    (PyTorch, ONNX Runtime), same shapes and thread count, alternating;
-# 5. writes the report with bench/report.py.
+# 4. sets OPENBLAS_CORETYPE when OpenBLAS picked a pre-AVX2 fallback core on a
+#    CPU with AVX-512 (SkylakeX) or AVX2 (Haswell), unless it is set already;
+# 5. runs R rounds of mha-bench (libmha per ISA, OpenBLAS) then peers.py once
+#    per peer, each in its own process, same shapes and thread count;
+# 6. writes the report with bench/report.py (Debian's python3 and matplotlib).
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
-# JSON), peers-<r>.json, shapes.json, results.json, table.md, attention.png,
-# layer_seq.png, layer.png.
+# JSON), peers-<r>-<peer>.json, shapes.json, results.json, table.md,
+# attention.png, layer_seq.png, layer.png.
 #
-# --quick: 4 small shapes, short runs, 1 round (CI smoke test, under a minute
-# once built). Full: every shape, 1 round, about 5-10 minutes on 2 cores;
-# --rounds 2 or more alternates mha-bench and peers.py again, each entry
-# keeping its best time. --threads defaults to the number of CPUs and
-# sets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and the peers' thread pools.
+# --quick: 4 small shapes, short runs, 1 round, ONNX Runtime the only peer (CI
+# smoke test, well under 2 minutes once built). Full: every shape, every peer,
+# 1 round, about 10-15 minutes on 2 cores (the first run also downloads torch
+# and its CUDA wheels, about 2.5 GB); --rounds 2 or more alternates mha-bench
+# and the peers again, each entry keeping its best time. --shapes runs only the
+# shapes of these names (bench/main.cc), for development. --threads defaults
+# to the number of CPUs and sets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and the
+# peers' thread pools.
 set -eu
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 quick=0
 threads=$(nproc)
 rounds=
+shapes=
 build="$root/build-bench"
 out="$root/bench/out"
 while [ $# -gt 0 ]; do
@@ -38,6 +47,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --threads) threads=$2; shift ;;
     --rounds) rounds=$2; shift ;;
+    --shapes) shapes=--shapes=$2; shift ;;
     --build-dir) build=$2; shift ;;
     --out) out=$2; shift ;;
     --) shift; break ;;
@@ -46,10 +56,11 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+rounds=${rounds:-1}
 if [ "$quick" = 1 ]; then
-    rounds=${rounds:-1} min_time=0.02 mode=--quick
+    min_time=0.02 mode=--quick peers=onnxruntime
 else
-    rounds=${rounds:-1} min_time=0.3 mode=
+    min_time=0.3 mode= peers="onnxruntime torch openvino"
 fi
 start=$(date +%s)
 step() { echo "==> [$(($(date +%s) - start))s] $*" >&2; }
@@ -57,7 +68,7 @@ step() { echo "==> [$(($(date +%s) - start))s] $*" >&2; }
 step "checking packages"
 need=
 for p in meson ninja-build g++ pkg-config python3-venv libbenchmark-dev libopenblas-dev \
-    python3-torch python3-matplotlib; do
+    python3-matplotlib; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
 done
 if [ -n "$need" ]; then
@@ -70,14 +81,34 @@ if [ -n "$need" ]; then
 fi
 
 venv="$build/venv"
-if ! "$venv/bin/python" -c 'import onnxruntime, onnx' 2>/dev/null; then
-    step "creating $venv with onnxruntime and onnx from PyPI"
-    /usr/bin/python3 -m venv --system-site-packages "$venv"
-    # Keep Debian's numpy: python3-torch is built against it.
-    numpy=$(/usr/bin/python3 -c 'import numpy; print(numpy.__version__)')
-    "$venv/bin/pip" install -q onnxruntime onnx "numpy==$numpy" ||
-        echo "bench.sh: pip failed; the ONNX Runtime peer will be skipped" >&2
+# A venv of an older bench.sh saw Debian's site-packages: start anew.
+if grep -qs '^include-system-site-packages = true' "$venv/pyvenv.cfg"; then
+    rm -rf "$venv"
 fi
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+# Installs peer $1 (modules $2, PyPI packages after; numpy, which peers.py
+# needs, too) unless it imports; when pip fails, $venv/unavailable-$1 holds why,
+# for peers.py --unavailable.
+install_peer() {
+    peer=$1 modules=$2
+    shift 2
+    rm -f "$venv/unavailable-$peer"
+    "$venv/bin/python" -c "import numpy, $modules" 2>/dev/null && return
+    step "installing $peer from PyPI: $*"
+    if ! "$venv/bin/pip" install -q --disable-pip-version-check numpy "$@" \
+        >"$venv/pip-$peer.log" 2>&1; then
+        echo "pip install $* failed: $(grep -v '^ *$' "$venv/pip-$peer.log" | tail -n 1)" \
+            >"$venv/unavailable-$peer"
+        echo "bench.sh: $(cat "$venv/unavailable-$peer"); the $peer peer is skipped" >&2
+    fi
+}
+for peer in $peers; do
+    case $peer in
+    onnxruntime) install_peer onnxruntime "onnxruntime, onnx" onnxruntime onnx ;;
+    torch) install_peer torch torch torch ;;
+    openvino) install_peer openvino openvino openvino ;;
+    esac
+done
 
 step "building mha-bench in $build"
 [ -f "$build/build.ninja" ] ||
@@ -85,29 +116,63 @@ step "building mha-bench in $build"
 ninja -C "$build" bench/mha-bench >&2
 bench="$build/bench/mha-bench"
 
+# OpenBLAS (DYNAMIC_ARCH) picks its kernels when it loads; on CPUs it does not
+# know it may fall back to a pre-AVX2 core and run at a fraction of the FMA
+# peak, which would flatter libmha. OPENBLAS_CORETYPE names the core instead,
+# read at load time: so it is decided here, before the runs.
+# A value set by the caller is kept.
+openblas_detected=$(env -u OPENBLAS_CORETYPE "$bench" --openblas-core)
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    case $openblas_detected in
+    '' | Haswell | Zen | SkylakeX | Cooperlake | SapphireRapids) ;; # no OpenBLAS, or AVX2 and up
+    *)
+        cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+        has() { for f; do case $cpu_flags in *" $f "*) ;; *) return 1 ;; esac; done; }
+        if has avx512f avx512bw avx512dq avx512vl; then
+            export OPENBLAS_CORETYPE=SkylakeX
+        elif has avx2 fma; then
+            export OPENBLAS_CORETYPE=Haswell
+        fi
+        ;;
+    esac
+fi
+[ -z "$openblas_detected" ] ||
+    step "OpenBLAS core: $("$bench" --openblas-core) (detected $openblas_detected," \
+        "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
+
 # OpenBLAS workers otherwise spin long after each call and take a core from
 # the libmha call that follows. (No OMP_PROC_BIND: it would pin the main
 # thread, and with it every OpenBLAS worker, to one core.)
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OPENBLAS_THREAD_TIMEOUT=4
 mkdir -p "$out"
 rm -f "$out"/mha-bench-*.json "$out"/peers-*.json
-"$bench" $mode --shapes-json >"$out/shapes.json"
+# shellcheck disable=SC2086
+"$bench" $mode $shapes --shapes-json >"$out/shapes.json"
 bench_args='' peer_args=''
 r=1
 while [ "$r" -le "$rounds" ]; do
     step "round $r/$rounds: mha-bench (libmha per ISA, OpenBLAS), $threads threads"
-    "$bench" $mode --benchmark_out="$out/mha-bench-$r.json" --benchmark_out_format=json
-    step "round $r/$rounds: peers.py (PyTorch, ONNX Runtime), $threads threads"
-    "$venv/bin/python" "$root/bench/peers.py" --shapes "$out/shapes.json" --threads "$threads" \
-        --min-time "$min_time" --out "$out/peers-$r.json"
+    # shellcheck disable=SC2086
+    "$bench" $mode $shapes --benchmark_out="$out/mha-bench-$r.json" --benchmark_out_format=json
     bench_args="$bench_args --bench $out/mha-bench-$r.json"
-    peer_args="$peer_args --peers $out/peers-$r.json"
+    for peer in $peers; do
+        step "round $r/$rounds: peers.py --peer $peer, $threads threads"
+        set -- --peer "$peer" --shapes "$out/shapes.json" --threads "$threads" \
+            --min-time "$min_time" --out "$out/peers-$r-$peer.json"
+        [ -f "$venv/unavailable-$peer" ] && set -- "$@" --unavailable "$(cat "$venv/unavailable-$peer")"
+        # A runtime that crashes loses its own column only.
+        if "$venv/bin/python" "$root/bench/peers.py" "$@"; then
+            peer_args="$peer_args --peers $out/peers-$r-$peer.json"
+        else
+            echo "bench.sh: peers.py --peer $peer failed; its column stays empty" >&2
+        fi
+    done
     r=$((r + 1))
 done
 
 step "writing the report"
 # shellcheck disable=SC2086
-"$venv/bin/python" "$root/bench/report.py" --shapes "$out/shapes.json" $bench_args $peer_args \
-    --out-dir "$out"
+/usr/bin/python3 "$root/bench/report.py" --shapes "$out/shapes.json" $bench_args $peer_args \
+    --openblas-detected "$openblas_detected" --out-dir "$out"
 cat "$out/table.md"
 step "done: $out/{results.json,table.md,attention.png,layer_seq.png,layer.png}"
