@@ -16,15 +16,17 @@ cd "$(dirname "$0")/.."
 root=$PWD
 bash tools/setup.sh --all
 
-passed=0 failed=0 skipped=0
+passed=0 failed=0 skipped=0 runs=0
 # Runs `meson test` in build dir $1 with the rest as arguments, and adds its
 # results to the totals; a failure is counted, not fatal, so every part runs.
 run_suite() {
   local dir=$1; shift
   local rc=0
-  meson test -C "$dir" --print-errorlogs "$@" || rc=$?
+  # Each run writes its own log (a --wrapper run would otherwise log elsewhere).
+  runs=$((runs + 1))
+  meson test -C "$dir" --print-errorlogs --logbase "testlog-run$runs" "$@" || rc=$?
   local counts
-  counts=$(/usr/bin/python3 - "$dir/meson-logs/testlog.json" <<'PY'
+  counts=$(/usr/bin/python3 - "$dir/meson-logs/testlog-run$runs.json" <<'PY'
 import json, sys
 ok = fail = skip = 0
 for line in open(sys.argv[1]):
