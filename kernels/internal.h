@@ -110,7 +110,8 @@ size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t ele
 void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 void mha_exp_array__avx2(const float *x, float *y, int64_t n);
 
-/* The AVX-512 attention and transpose are declared with the GEMM tile (below). */
+void mha_gemm_12x32__avx512(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
+                            float *tile);
 void mha_attn_block__avx512(const mha_attn_block *blk);
 size_t mha_attn_scratch_bytes__avx512(void);
 size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem);

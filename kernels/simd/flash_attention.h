@@ -255,8 +255,18 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
         const vi ke = vi_load(ps->ke + g);
         vf mt = ninf;
         if (vm_all(vi_gt(ke, j0 + jn - 1))) {
-            for (int32_t j = 0; j < jn; j++) /* every row sees the whole tile */
+            /* Every row sees the whole tile: four independent chains of max. */
+            vf m1 = ninf, m2 = ninf, m3 = ninf;
+            int32_t j = 0;
+            for (; j + 4 <= jn; j += 4) {
                 mt = vf_max(mt, vf_load(ps->st + j * ps->rp + g));
+                m1 = vf_max(m1, vf_load(ps->st + (j + 1) * ps->rp + g));
+                m2 = vf_max(m2, vf_load(ps->st + (j + 2) * ps->rp + g));
+                m3 = vf_max(m3, vf_load(ps->st + (j + 3) * ps->rp + g));
+            }
+            for (; j < jn; j++)
+                mt = vf_max(mt, vf_load(ps->st + j * ps->rp + g));
+            mt = vf_max(vf_max(mt, m1), vf_max(m2, m3));
         } else {
             for (int32_t j = 0; j < jn; j++) {
                 float *sp = ps->st + j * ps->rp + g;
