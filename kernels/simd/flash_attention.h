@@ -94,15 +94,25 @@ typedef struct pass {
 } pass;
 
 /* qt[d][r] = scale * q[r][d0 + d] for d < dc, zero for padding rows: with the
- * scale folded into Q, the scores need no multiply. */
+ * scale folded into Q, the scores need no multiply. VF_LANES x VF_LANES blocks
+ * are transposed in registers. */
 static void pack_qt(pass *ps, int32_t d0, int32_t dc)
 {
-    const float scale = ps->blk->scale;
-    for (int32_t r = 0; r < ps->rp; r++) {
-        const float *qr = ps->q + r * ps->blk->q_stride + d0;
-        for (int32_t d = 0; d < dc; d++)
-            ps->qt[d * ps->rp + r] = r < ps->nr ? scale * qr[d] : 0.0f;
-    }
+    const vf scale = vf_set1(ps->blk->scale);
+    for (int32_t r0 = 0; r0 < ps->rp; r0 += VF_LANES)
+        for (int32_t d = 0; d < dc; d += VF_LANES) {
+            const int32_t n = dc - d < VF_LANES ? dc - d : VF_LANES;
+            vf a[VF_LANES];
+            for (int32_t i = 0; i < VF_LANES; i++) {
+                const float *qr = ps->q + (r0 + i) * ps->blk->q_stride + d0 + d;
+                a[i] = r0 + i >= ps->nr ? vf_zero()
+                       : n == VF_LANES  ? vf_mul(scale, vf_loadu(qr))
+                                        : vf_mul(scale, vf_loadu_n(qr, n));
+            }
+            vf_transpose(a);
+            for (int32_t i = 0; i < n; i++)
+                vf_store(ps->qt + (d + i) * ps->rp + r0, a[i]);
+        }
 }
 
 /* Does any row see a key of [j0, j0 + jn) whose bias is not -INFINITY? */
