@@ -45,7 +45,6 @@
 #define MHA_SIMD_FLASH_ATTENTION_H
 
 #include <math.h>
-#include <string.h>
 
 #include "internal.h"
 
@@ -401,8 +400,14 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->m[r] = -INFINITY;
         ps->l[r] = 0.0f;
     }
-    for (int32_t r = 0; r < nr; r++)
-        memset(ps->out + r * blk->out_stride, 0, (size_t)dh * sizeof(float));
+    for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
+        float *o = ps->out + r * blk->out_stride;
+        int32_t d = 0;
+        for (; d + VF_LANES <= dh; d += VF_LANES)
+            vf_storeu(o + d, vf_zero());
+        if (d < dh)
+            vf_storeu_n(o + d, dh - d, vf_zero());
+    }
     ps->dc = QT_FLOATS / ps->rp;
     if (dh <= ps->dc)
         pack_qt(ps, 0, dh);
