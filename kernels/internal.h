@@ -1,7 +1,7 @@
 /* The kernel table: every kernel's contract in one place.
  *
- * Drivers (api.c, drive_*.c) own the loops over batch, heads and blocks and the
- * OpenMP pragmas; kernels own the tiles. Each ISA fills one mha_kernels table
+ * Drivers (api.c, drive_*.c) own the loops over batch, heads and blocks, run in
+ * parallel through mha_parallel_for (parallel.c); kernels own the tiles. Each ISA fills one mha_kernels table
  * (kernels/<isa>/table.c) and dispatch.c picks one at first use.
  */
 #ifndef MHA_INTERNAL_H
@@ -35,8 +35,11 @@ static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
  * (0 <= kv_end[r] <= seq_kv) with the additive bias (bias + r*bias_stride)[j]
  * when bias is not NULL, and writes
  *     out[r] = sum_j p_j v_j,  p = softmax_j(scale * q[r].k[j] + bias[r][j])
- * at out + r*out_stride. A row with no visible key (kv_end 0, or every visible
- * bias -INFINITY) gets zeros. k and v are [seq_kv][head_dim], contiguous.
+ * at out + r*out_stride. Key j is hidden from row r when j >= kv_end[r] or its
+ * score is -inf (a -INFINITY bias, whatever q.k is): nothing of a hidden key
+ * (k, v, bias) may reach the row; a NaN or Inf of a visible one flows through
+ * IEEE arithmetic. A row with no visible key gets zeros. k and v are
+ * [seq_kv][head_dim], contiguous.
  * Each row's result must not depend on the other rows of the block, so that
  * blocking (and thus the thread count) never changes a bit of the output.
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,

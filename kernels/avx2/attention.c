@@ -6,10 +6,10 @@
  * broadcasting K from memory: per d, 2 Q loads and 6 broadcasts for 12 FMAs.
  * P.V: a 6-row x 16-column tile (12 accumulators) broadcasting p from the
  * score tile and loading V rows: per key, 2 V loads and 6 broadcasts for 12
- * FMAs; an 8-column masked tile takes head_dim tails. */
+ * FMAs; head_dim tails take the layer's masked 6 x 8 tile. */
 #include "avx2/simd.h"
 
-enum { QK_KEYS = 6, QK_ROWS = 16, PV_ROWS = 6, PV_COLS = 16, PV_TAIL_COLS = 8 };
+enum { QK_KEYS = 6, QK_ROWS = 16, PV_ROWS = 6, PV_COLS = 16 };
 enum { BC = 72 /* keys per tile */, RB = 96, RB_L2 = 48 };
 
 /* st[i][0..16) (+)= sum_{d < dc} kp[i][d] qt[d][0..16) for 6 keys i; rp is the
@@ -95,23 +95,6 @@ static void pv_tile(int32_t jn, const float *p, int32_t pp, const float *v, int6
         _mm256_storeu_ps(o[i], c[i][0]);
         _mm256_storeu_ps(o[i] + 8, c[i][1]);
     }
-}
-
-/* The same for the first `cols` (1..8) of 8 columns (head_dim tails). */
-static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
-                    float *const o[6], const __m256 alpha[6], int valid, int32_t cols)
-{
-    const __m256i mask = vi_first(cols);
-    __m256 c[6];
-    for (int i = 0; i < 6; i++)
-        c[i] = _mm256_mul_ps(alpha[i], _mm256_maskload_ps(o[i], mask));
-    for (int32_t j = 0; j < jn; j++) {
-        const __m256 v0 = _mm256_maskload_ps(v + j * ldv, mask);
-        for (int i = 0; i < 6; i++)
-            c[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (int64_t)j * pp + i), v0, c[i]);
-    }
-    for (int i = 0; i < valid; i++)
-        _mm256_maskstore_ps(o[i], mask, c[i]);
 }
 
 #include "simd/flash_attention.h"

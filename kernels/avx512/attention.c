@@ -5,11 +5,11 @@
  * Scores: an 8-key x 48-row tile (24 zmm accumulators) on packed scale*Q^T: per
  * d, 3 Q loads and 8 K broadcasts (embedded in the FMAs) for 24 FMAs.
  * P.V: a 6-row x 64-column tile (24 accumulators): per key, 4 V loads and 6 p
- * broadcasts for 24 FMAs; a 6 x 16 opmask tile takes head_dim tails. With two
+ * broadcasts for 24 FMAs; head_dim tails take the layer's 6 x 16 opmask tile. With two
  * 512-bit FMA pipes of latency 4, 24 independent chains keep both busy. */
 #include "avx512/simd.h"
 
-enum { QK_KEYS = 8, QK_ROWS = 48, PV_ROWS = 6, PV_COLS = 64, PV_TAIL_COLS = 16 };
+enum { QK_KEYS = 8, QK_ROWS = 48, PV_ROWS = 6, PV_COLS = 64 };
 enum { BC = 72 /* keys per tile */, RB = 96, RB_L2 = 48 };
 
 /* st[i][0..48) (+)= sum_{d < dc} kp[i][d] qt[d][0..48) for 8 keys i; rp is the
@@ -110,23 +110,6 @@ static void pv_tile(int32_t jn, const float *p, int32_t pp, const float *v, int6
     PV_STORE(3, c30, c31, c32, c33);
     PV_STORE(4, c40, c41, c42, c43);
     PV_STORE(5, c50, c51, c52, c53);
-}
-
-/* The same for the first `cols` (1..16) of 16 columns (head_dim tails). */
-static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
-                    float *const o[6], const __m512 alpha[6], int valid, int32_t cols)
-{
-    const __mmask16 mask = vm_first(cols);
-    __m512 c[6];
-    for (int i = 0; i < 6; i++)
-        c[i] = _mm512_mul_ps(alpha[i], _mm512_maskz_loadu_ps(mask, o[i]));
-    for (int32_t j = 0; j < jn; j++) {
-        const __m512 v0 = _mm512_maskz_loadu_ps(mask, v + j * ldv);
-        for (int i = 0; i < 6; i++)
-            c[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[(int64_t)j * pp + i]), v0, c[i]);
-    }
-    for (int i = 0; i < valid; i++)
-        _mm512_mask_storeu_ps(o[i], mask, c[i]);
 }
 
 #include "simd/flash_attention.h"

@@ -9,10 +9,9 @@
  *                       head_dim chunk, QK_ROWS a multiple of VF_LANES
  *       qk_tile(dc, kp[QK_KEYS], qt, rp, st, accumulate)
  *   PV_ROWS x PV_COLS   o[i] = alpha[i] o[i] + sum_j p[j*pp + i] v[j] for PV_ROWS
- *                       rows, storing the first `valid`; pv_tail does the last
- *                       1..PV_TAIL_COLS columns of head_dim
+ *                       rows, storing the first `valid` (the last head_dim % PV_COLS
+ *                       columns go through pv_tail below, VF_LANES at a time)
  *       pv_tile(jn, p, pp, v, ldv, o[PV_ROWS], alpha[PV_ROWS], valid)
- *       pv_tail(jn, p, pp, v, ldv, o[PV_ROWS], alpha[PV_ROWS], valid, cols)
  *   BC                  keys per tile, a multiple of QK_KEYS
  *   RB, RB_L2           rows per pass when K and V stream from memory, and when
  *                       they sit in L2 (multiples of QK_ROWS)
@@ -310,6 +309,22 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
     }
 }
 
+/* pv_tile for the first `cols` (1..VF_LANES) columns: head_dim tails. */
+static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
+                    float *const o[PV_ROWS], const vf alpha[PV_ROWS], int valid, int32_t cols)
+{
+    vf c[PV_ROWS];
+    for (int i = 0; i < PV_ROWS; i++)
+        c[i] = vf_mul(alpha[i], vf_loadu_n(o[i], cols));
+    for (int32_t j = 0; j < jn; j++) {
+        const vf v0 = vf_loadu_n(v + j * ldv, cols);
+        for (int i = 0; i < PV_ROWS; i++)
+            c[i] = vf_fmadd(vf_set1(p[(int64_t)j * pp + i]), v0, c[i]);
+    }
+    for (int i = 0; i < valid; i++)
+        vf_storeu_n(o[i], cols, c[i]);
+}
+
 /* The careful P.V of row r: O = alpha O + sum over keys j < jv whose P is not
  * the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
 static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
@@ -371,11 +386,10 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
                 od[i] = o[i] + d;
             pv_tile(jv, p, pp, v + d, dh, od, alpha, valid);
         }
-        for (; d < dh; d += PV_TAIL_COLS) {
+        for (; d < dh; d += VF_LANES) {
             for (int i = 0; i < PV_ROWS; i++)
                 od[i] = o[i] + d;
-            pv_tail(jv, p, pp, v + d, dh, od, alpha, valid,
-                    dh - d < PV_TAIL_COLS ? dh - d : PV_TAIL_COLS);
+            pv_tail(jv, p, pp, v + d, dh, od, alpha, valid, dh - d < VF_LANES ? dh - d : VF_LANES);
         }
     }
 }
