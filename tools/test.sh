@@ -22,11 +22,12 @@ passed=0 failed=0 skipped=0 runs=0
 run_suite() {
   local dir=$1; shift
   local rc=0
-  # Each run writes its own log (a --wrapper run would otherwise log elsewhere).
+  # Each run writes its own log, run<N>.testlog[-<wrapper>].json: reading a fixed
+  # name would count another run's results.
   runs=$((runs + 1))
-  meson test -C "$dir" --print-errorlogs --logbase "testlog-run$runs" "$@" || rc=$?
+  meson test -C "$dir" --print-errorlogs --logbase "run$runs.testlog" "$@" || rc=$?
   local counts
-  counts=$(/usr/bin/python3 - "$dir/meson-logs/testlog-run$runs.json" <<'PY'
+  counts=$(/usr/bin/python3 - "$dir"/meson-logs/run$runs.testlog*.json <<'PY'
 import json, sys
 ok = fail = skip = 0
 for line in open(sys.argv[1]):
