@@ -27,7 +27,7 @@
 #
 # --quick: 4 small shapes, short runs, 1 round, ONNX Runtime the only peer (CI
 # smoke test, well under 2 minutes once built). Full: every shape, every peer,
-# 1 round, about 10-15 minutes on 2 cores (the first run also downloads torch
+# 1 round, about 2.5-5 minutes on 2 cores (the first run also downloads torch
 # and its CUDA wheels, about 2.5 GB); --rounds 2 or more alternates mha-bench
 # and the peers again, each entry keeping its best time. --shapes runs only the
 # shapes of these names (bench/main.cc), for development. --threads defaults
