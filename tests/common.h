@@ -10,7 +10,7 @@
 #include "mha.h"
 #include "ref64.h"
 
-/* Tolerances of SPEC.md: optimized ISA vs scalar, scalar vs float64. */
+/* Tolerances of mha.h's accuracy contract: optimized ISA vs scalar, scalar vs float64. */
 #define TOL_ISA 1e-5
 #define TOL_REF 2e-5
 

@@ -2,7 +2,7 @@
 key padding mask, causal), the seed's BERT SelfAttention and d2l's
 MultiHeadAttention with valid_lens. Usage: interop_torch.py path/to/libmha.so
 
-The scalar reference must match within 2e-5 + 2e-5*|r| (SPEC.md); an optimized
+The scalar reference must match within 2e-5 + 2e-5*|r| (mha.h); an optimized
 ISA adds its 1e-5 + 1e-5*|r| allowance against the scalar reference."""
 import ctypes as C
 import math

@@ -1,4 +1,4 @@
-"""Compares two mha-dump outputs element-wise within SPEC.md's ISA tolerance,
+"""Compares two mha-dump outputs element-wise within mha.h's ISA tolerance,
 |a - r| <= 1e-5 + 1e-5 |r| (r: the reference file). Usage: compare_dumps.py REF OTHER"""
 import sys
 from array import array

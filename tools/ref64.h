@@ -1,4 +1,4 @@
-/* A float64 evaluation of the math of SPEC.md, written for checking rather than
+/* A float64 evaluation of the math of mha.h, written for checking rather than
  * speed: explicit loops, scores per row, exp in double. Shared by the tests and
  * mha-validate. */
 #ifndef MHA_REF64_H

@@ -1,7 +1,7 @@
 /* mha-validate: runs every ISA this CPU has against the scalar reference (and
  * the scalar reference against float64) and prints, per kernel family and ISA,
  * the max absolute and relative error and the worst error as a fraction of
- * SPEC.md's tolerance. Exits 1 when any is beyond it.
+ * mha.h's tolerance. Exits 1 when any is beyond it.
  *
  *   mha-validate                    sweep of shapes that hit tile tails, all masks
  *   mha-validate --shape B,Sq,Skv,H,Hkv,dh,E   one shape (E = model width)
