@@ -17,7 +17,8 @@
  * The library never aborts, prints or exits.
  *
  * Masking: a query row with no visible key (every key masked by key lengths,
- * per-query lengths, causality or a -INFINITY bias) yields a row of zeros.
+ * per-query lengths, causality, a sliding window or a -INFINITY bias) yields a
+ * row of zeros.
  * PyTorch yields NaN there and d2l a uniform average over all keys; libmha
  * chooses zeros so that padded rows stay finite. Keys hidden by key_lens are
  * never read.
@@ -113,11 +114,22 @@ typedef struct mha_mask {
     int64_t bias_stride_b;         /*   bias[b*stride_b + h*stride_h + i*stride_q + j]; */
     int64_t bias_stride_h;         /*   a stride of 0 broadcasts (BERT [B,1,1,S]:       */
     int64_t bias_stride_q;         /*   stride_b = S, stride_h = 0, stride_q = 0)       */
-    int32_t causal;                /* nonzero: key j masked when j > i + (seq_kv - seq_q) */
+    int32_t causal;                /* nonzero: key j masked when j > p(i) */
+    /* Score modifiers of current LLMs; zero / NULL turns each off. p(i) is row i's
+       position: i + (seq_kv - seq_q) in mha_attention, lens[b] - seq_q + i in
+       mha_attention_cached. */
+    int32_t window;                /* > 0: key j masked when j <= p(i) - window (sliding window) */
+    float softcap;                 /* > 0: score s becomes softcap * tanh(s / softcap), before bias */
+    const float *alibi_slopes;     /* NULL or [H]: adds slopes[h] * (j - p(i)) to the score */
+    const float *sinks;            /* NULL or [H]: a virtual key per head with score sinks[h]
+                                      and a zero value, in every row's softmax denominator */
 } mha_mask;
-/* Every field may be combined with the others. Lengths must lie in [0, seq_kv]
-   and strides must be >= 0 (else MHA_ERR_MASK). The bias may hold -INFINITY;
-   a masked key gets weight exactly 0. A NULL mha_mask pointer means no mask. */
+/* The score of row i and key j: s = scale * q_i . k_j, then softcap, then + bias +
+   ALiBi; masked keys (lengths, causal, window, -INFINITY bias) get weight exactly 0.
+   A sink is not a key: a row whose every key is masked gets zeros, sink or not.
+   Every field may be combined with the others. Lengths must lie in [0, seq_kv],
+   strides must be >= 0, window >= 0 and softcap >= 0 (not NaN), else MHA_ERR_MASK.
+   A NULL mha_mask pointer means no mask. */
 
 typedef enum mha_layout { MHA_LAYOUT_BHSD = 0, MHA_LAYOUT_BSHD = 1 } mha_layout;
 
@@ -129,25 +141,74 @@ MHA_API mha_status mha_heads_split(float *x, int32_t batch, int32_t seq, int32_t
 MHA_API mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
 
 /* Kernel 3: fused scale-mask-softmax-matmul for every (b, h).
-   q: [B][H][Sq][dh], k and v: [B][Hkv][Skv][dh], H % Hkv == 0 (Hkv < H is grouped-query
-   attention: query head h reads kv head h / (H / Hkv)). scale is usually 1/sqrt(dh).
-   out: [B][H][Sq][dh] (MHA_LAYOUT_BHSD) or heads merged [B][Sq][H*dh] (MHA_LAYOUT_BSHD).
-   mask may be NULL. Extra memory is a few tiles per thread, independent of Sq and Skv. */
+   q: [B][H][Sq][dh], k: [B][Hkv][Skv][dh], v: [B][Hkv][Skv][dv], H % Hkv == 0 (Hkv < H
+   is grouped-query attention: query head h reads kv head h / (H / Hkv)). scale is
+   usually 1/sqrt(dh). out: [B][H][Sq][dv] (MHA_LAYOUT_BHSD) or heads merged
+   [B][Sq][H*dv] (MHA_LAYOUT_BSHD). dv = v_head_dim, or dh when it is 0. mask may be
+   NULL. Extra memory is a few tiles per thread, plus, when few (b, kv head) pairs
+   meet many keys, partial results of at most 32 key chunks per query row: never
+   anything that grows with Skv. */
 typedef struct mha_attn_dims {
     int32_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
+    int32_t v_head_dim; /* 0 means head_dim; else v is [B][Hkv][Skv][v_head_dim] and out has
+                           v_head_dim per head (MLA-style models: qk 192 / v 128) */
 } mha_attn_dims;
 MHA_API mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float *k,
                                  const float *v, float scale, const mha_mask *mask, float *out,
                                  mha_layout out_layout);
+
+/* A KV cache the caller owns. For sequence b < batch, kv head g and row j < capacity,
+   the K row (head_dim contiguous floats) is at k + b*stride_b + g*stride_h + j*stride_s,
+   and the V row (v_head_dim floats) at v + b*v_stride_b + g*v_stride_h + j*v_stride_s.
+   Strides are in floats and >= 0. v_head_dim 0 means head_dim; V strides all 0 mean
+   K's strides. [B][Hkv][cap][dh] and [B][cap][Hkv][dh] are both such layouts, and so
+   is an MLA latent cache where V is the first v_head_dim floats of each K row
+   (v == k, same strides). The library reads the cache in place, never copies it. */
+typedef struct mha_kv_cache {
+    float *k, *v;
+    int32_t batch, kv_heads, head_dim, capacity;
+    int64_t stride_b, stride_h, stride_s;
+    int32_t v_head_dim;
+    int64_t v_stride_b, v_stride_h, v_stride_s;
+} mha_kv_cache;
+
+/* Writes seq_new new rows per sequence: k_new [B][Hkv][seq_new][dh] and v_new
+   [B][Hkv][seq_new][v_head_dim] go to rows lens[b] .. lens[b] + seq_new - 1 of
+   sequence b (K rows first, then V rows: where V rows alias K rows, v_new wins).
+   lens is read, not changed. lens[b] < 0 or lens[b] + seq_new > capacity is
+   MHA_ERR_SHAPE, with nothing written. */
+MHA_API mha_status mha_kv_append(const mha_kv_cache *cache, const int32_t *lens,
+                                 const float *k_new, const float *v_new, int32_t seq_new);
+
+/* Attention of seq_q query rows per sequence against rows j < lens[b] of the cache
+   (0 <= lens[b] <= capacity, else MHA_ERR_SHAPE). q: [B][heads][seq_q][dh],
+   heads % kv_heads == 0 (GQA: the heads that share a kv head read each K and V row
+   once, together). Row i of sequence b sits at position p(i) = lens[b] - seq_q + i:
+   with mask->causal it sees keys j <= p(i) (a row with p(i) < 0 sees none and gets
+   zeros), so chunked prefill and decode steps line up with each sequence's length.
+   mask->key_lens must be NULL (lens takes its place, else MHA_ERR_MASK); the other
+   mask fields work as in mha_attention, with j < capacity (bias element (b,h,i,j);
+   query_key_lens in [0, capacity]). out as mha_attention (BHSD or BSHD), v_head_dim
+   wide per head. lse: NULL, or [B][heads][seq_q] receives the natural log of each
+   row's softmax denominator, the sum over visible keys j of exp(s_ij) (sinks not
+   included), for merging results over disjoint key ranges; -INFINITY for a row with
+   no visible key. Results are bitwise identical for any thread count: when few
+   (b, kv head) pairs meet long caches, keys are cut into chunks whose bounds depend
+   only on the shapes and lens, and the chunks' partial results merge in a fixed order. */
+MHA_API mha_status mha_attention_cached(const mha_kv_cache *cache, const int32_t *lens,
+                                        const float *q, int32_t heads, int32_t seq_q, float scale,
+                                        const mha_mask *mask, float *out, mha_layout out_layout,
+                                        float *lse);
 
 /* A layer owns pre-packed weights; weights use nn.Linear's [out][in] layout. */
 typedef struct mha_layer_desc {
     int32_t heads, kv_heads, head_dim; /* kv_heads 0 means heads */
     int32_t q_in, k_in, v_in;          /* input widths; k_in 0 means q_in, v_in 0 means k_in */
     int32_t out_dim;                   /* 0: no output projection (result is merged heads) */
-    const float *w_q, *w_k, *w_v;      /* [heads*dh][q_in], [kv_heads*dh][k_in], [kv_heads*dh][v_in] */
+    const float *w_q, *w_k, *w_v;      /* [heads*dh][q_in], [kv_heads*dh][k_in], [kv_heads*dv][v_in] */
     const float *b_q, *b_k, *b_v;      /* NULL: no bias */
-    const float *w_o, *b_o;            /* [out_dim][heads*dh], [out_dim]; ignored when out_dim is 0 */
+    const float *w_o, *b_o;            /* [out_dim][heads*dv], [out_dim]; ignored when out_dim is 0 */
+    int32_t v_head_dim;                /* dv; 0 means head_dim */
 } mha_layer_desc;
 typedef struct mha_layer mha_layer;
 
@@ -160,7 +221,8 @@ typedef struct mha_layer mha_layer;
 MHA_API mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out);
 MHA_API void mha_layer_destroy(mha_layer *layer); /* NULL is fine */
 
-/* Kernel 1: fused QKV projection into head-major q [B][H][Sq][dh], k, v [B][Hkv][Skv][dh].
+/* Kernel 1: fused QKV projection into head-major q [B][H][Sq][dh], k [B][Hkv][Skv][dh],
+   v [B][Hkv][Skv][dv].
    When key == query and value == query (self-attention) it is one GEMM over the packed
    [Wq;Wk;Wv]; when value == key it fuses K and V. query is [B][Sq][q_in], key
    [B][Skv][k_in], value [B][Skv][v_in]. */
@@ -168,7 +230,7 @@ MHA_API mha_status mha_qkv_project(const mha_layer *layer, const float *query, c
                                    const float *value, int32_t batch, int32_t seq_q, int32_t seq_kv,
                                    float *q, float *k, float *v);
 
-/* The whole layer: out is [B][Sq][out_dim] (or [B][Sq][heads*dh] when out_dim is 0),
+/* The whole layer: out is [B][Sq][out_dim] (or [B][Sq][heads*dv] when out_dim is 0),
    with scale 1/sqrt(head_dim). key and value may equal query (self-attention).
    workspace may be NULL (the library allocates); otherwise it must hold at least
    mha_layer_workspace_size(...) bytes (less is MHA_ERR_ARG) and the call allocates
@@ -179,6 +241,22 @@ MHA_API mha_status mha_layer_forward(const mha_layer *layer, const float *query,
                                      const float *value, int32_t batch, int32_t seq_q,
                                      int32_t seq_kv, const mha_mask *mask, float *out,
                                      void *workspace, size_t workspace_size);
+
+/* One decoder step (self-attention with a KV cache; batch = cache->batch, q_in ==
+   k_in == v_in): projects x [B][seq_q][q_in] into Q and seq_q new K, V rows per
+   sequence, appends those at rows lens[b].. of the cache, attends as
+   mha_attention_cached (causal when mask->causal) with scale 1/sqrt(head_dim),
+   applies the output projection, and on MHA_OK adds seq_q to every lens[b]. The
+   cache's kv_heads, head_dim and v_head_dim must be the layer's, and lens[b] + seq_q
+   <= capacity (else MHA_ERR_SHAPE). On any error the cache, lens and out are
+   untouched. out is [B][seq_q][out_dim] (or [B][seq_q][heads*dv]). Workspace as in
+   mha_layer_forward; mha_layer_step_workspace_size returns 0 for a NULL layer or
+   invalid sizes. */
+MHA_API size_t mha_layer_step_workspace_size(const mha_layer *layer, int32_t batch,
+                                             int32_t seq_q);
+MHA_API mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
+                                  const mha_kv_cache *cache, int32_t *lens, const mha_mask *mask,
+                                  float *out, void *workspace, size_t workspace_size);
 
 #ifdef __cplusplus
 }
