@@ -269,7 +269,7 @@ void bm_attention(benchmark::State &state, const Shape *s, mha_isa isa)
     if (!force(state, isa))
         return;
     ShapeData &d = shape_data(*s);
-    const mha_attn_dims dims = {s->batch, s->heads, s->kv_heads, s->seq, s->seq, s->head_dim};
+    const mha_attn_dims dims = {s->batch, s->heads, s->kv_heads, s->seq, s->seq, s->head_dim, 0};
     mha_mask mask = {};
     mask.causal = s->causal;
     std::vector<float> out(d.q.size());

@@ -60,37 +60,50 @@ static int64_t count(int n, const int32_t *dims)
 
 #define COUNT(...) count(sizeof((int32_t[]){__VA_ARGS__}) / sizeof(int32_t), (int32_t[]){__VA_ARGS__})
 
+/* dv of a value head: v_head_dim, or dk when it is 0. */
+static int32_t value_dim(int32_t v_head_dim, int32_t dk)
+{
+    return v_head_dim ? v_head_dim : dk;
+}
+
 static mha_status check_dims(const mha_attn_dims *d)
 {
     if (d->batch <= 0 || d->heads <= 0 || d->kv_heads <= 0 || d->seq_q <= 0 || d->seq_kv <= 0
-        || d->head_dim <= 0 || d->heads % d->kv_heads != 0)
+        || d->head_dim <= 0 || d->v_head_dim < 0 || d->heads % d->kv_heads != 0)
         return MHA_ERR_SHAPE;
+    const int32_t dv = value_dim(d->v_head_dim, d->head_dim);
     if (COUNT(d->batch, d->heads, d->seq_q, d->head_dim) < 0
+        || COUNT(d->batch, d->heads, d->seq_q, dv) < 0
         || COUNT(d->batch, d->kv_heads, d->seq_kv, d->head_dim) < 0
+        || COUNT(d->batch, d->kv_heads, d->seq_kv, dv) < 0
         || COUNT(d->batch, d->seq_q, d->seq_kv) < 0)
         return MHA_ERR_SHAPE;
     return MHA_OK;
 }
 
-static mha_status check_mask(const mha_mask *m, const mha_attn_dims *d)
+/* The mask of a call of batch x heads x seq_q rows against keys j < seq_kv. */
+static mha_status check_mask(const mha_mask *m, int32_t batch, int32_t heads, int32_t seq_q,
+                             int32_t seq_kv)
 {
     if (!m)
         return MHA_OK;
     if (m->key_lens)
-        for (int32_t b = 0; b < d->batch; b++)
-            if (m->key_lens[b] < 0 || m->key_lens[b] > d->seq_kv)
+        for (int32_t b = 0; b < batch; b++)
+            if (m->key_lens[b] < 0 || m->key_lens[b] > seq_kv)
                 return MHA_ERR_MASK;
     if (m->query_key_lens)
-        for (int64_t i = 0; i < (int64_t)d->batch * d->seq_q; i++)
-            if (m->query_key_lens[i] < 0 || m->query_key_lens[i] > d->seq_kv)
+        for (int64_t i = 0; i < (int64_t)batch * seq_q; i++)
+            if (m->query_key_lens[i] < 0 || m->query_key_lens[i] > seq_kv)
                 return MHA_ERR_MASK;
+    if (m->window < 0 || !(m->softcap >= 0.0f) || isinf(m->softcap))
+        return MHA_ERR_MASK;
     if (m->bias) {
         if (m->bias_stride_b < 0 || m->bias_stride_h < 0 || m->bias_stride_q < 0)
             return MHA_ERR_MASK;
         /* The largest index read must be representable. */
         const int64_t strides[3] = {m->bias_stride_b, m->bias_stride_h, m->bias_stride_q};
-        const int32_t extents[3] = {d->batch, d->heads, d->seq_q};
-        int64_t last = d->seq_kv - 1, term;
+        const int32_t extents[3] = {batch, heads, seq_q};
+        int64_t last = seq_kv - 1, term;
         for (int i = 0; i < 3; i++)
             if (__builtin_mul_overflow(strides[i], (int64_t)extents[i] - 1, &term)
                 || __builtin_add_overflow(last, term, &last) || last > PTRDIFF_MAX / 4)
@@ -108,10 +121,145 @@ mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float 
         return MHA_ERR_ARG;
     mha_status st = check_dims(dims);
     if (st == MHA_OK)
-        st = check_mask(mask, dims);
+        st = check_mask(mask, dims->batch, dims->heads, dims->seq_q, dims->seq_kv);
     if (st != MHA_OK)
         return st;
-    return mha_attention_run(mha_kernels_active(), dims, q, k, v, scale, mask, out, out_layout);
+    const int32_t dk = dims->head_dim, dv = value_dim(dims->v_head_dim, dk);
+    const int64_t S = dims->seq_kv;
+    const mha_attn_args a = {
+        .batch = dims->batch, .heads = dims->heads, .kv_heads = dims->kv_heads,
+        .seq_q = dims->seq_q, .seq_kv = dims->seq_kv, .dk = dk, .dv = dv,
+        .q = q, .k = k, .v = v,
+        .k_stride_b = dims->kv_heads * S * dk, .k_stride_h = S * dk, .k_stride_s = dk,
+        .v_stride_b = dims->kv_heads * S * dv, .v_stride_h = S * dv, .v_stride_s = dv,
+        .scale = scale, .mask = mask, .out = out, .layout = out_layout,
+    };
+    return mha_attention_run(mha_kernels_active(), &a);
+}
+
+/* ---- KV cache ---- */
+
+/* A cache with v_head_dim and the V strides resolved. */
+static mha_status check_cache(const mha_kv_cache *c, mha_kv_cache *r)
+{
+    if (!c || !c->k || !c->v)
+        return MHA_ERR_ARG;
+    if (c->batch <= 0 || c->kv_heads <= 0 || c->head_dim <= 0 || c->capacity <= 0
+        || c->v_head_dim < 0)
+        return MHA_ERR_SHAPE;
+    *r = *c;
+    r->v_head_dim = value_dim(c->v_head_dim, c->head_dim);
+    if (!c->v_stride_b && !c->v_stride_h && !c->v_stride_s)
+        r->v_stride_b = c->stride_b, r->v_stride_h = c->stride_h, r->v_stride_s = c->stride_s;
+    const int64_t strides[2][3] = {{r->stride_b, r->stride_h, r->stride_s},
+                                   {r->v_stride_b, r->v_stride_h, r->v_stride_s}};
+    const int32_t extents[3] = {c->batch, c->kv_heads, c->capacity};
+    for (int t = 0; t < 2; t++) {
+        /* The last float of the last row must be representable. */
+        int64_t last = t ? r->v_head_dim : r->head_dim, term;
+        for (int i = 0; i < 3; i++) {
+            if (strides[t][i] < 0)
+                return MHA_ERR_ARG;
+            if (__builtin_mul_overflow(strides[t][i], (int64_t)extents[i] - 1, &term)
+                || __builtin_add_overflow(last, term, &last) || last > COUNT_LIMIT)
+                return MHA_ERR_SHAPE;
+        }
+    }
+    return MHA_OK;
+}
+
+/* lens[b] + seq_new within [0, capacity] for every b (seq_new 0 for reads). */
+static mha_status check_lens(const mha_kv_cache *c, const int32_t *lens, int32_t seq_new)
+{
+    for (int32_t b = 0; b < c->batch; b++)
+        if (lens[b] < 0 || lens[b] > c->capacity - seq_new)
+            return MHA_ERR_SHAPE;
+    return MHA_OK;
+}
+
+/* Rows [B][Hkv][n][width] of src into rows lens[b].. of one side of the cache. */
+static void cache_write(const mha_kv_cache *c, const int32_t *lens, float *base, int64_t sb,
+                        int64_t sh, int64_t ss, int32_t width, const float *src, int32_t n)
+{
+    for (int32_t b = 0; b < c->batch; b++)
+        for (int32_t g = 0; g < c->kv_heads; g++)
+            for (int32_t j = 0; j < n; j++)
+                memcpy(base + b * sb + g * sh + (int64_t)(lens[b] + j) * ss,
+                       src + (((int64_t)b * c->kv_heads + g) * n + j) * width,
+                       (size_t)width * sizeof(float));
+}
+
+static void cache_append(const mha_kv_cache *c, const int32_t *lens, const float *k_new,
+                         const float *v_new, int32_t n)
+{
+    cache_write(c, lens, c->k, c->stride_b, c->stride_h, c->stride_s, c->head_dim, k_new, n);
+    cache_write(c, lens, c->v, c->v_stride_b, c->v_stride_h, c->v_stride_s, c->v_head_dim, v_new, n);
+}
+
+mha_status mha_kv_append(const mha_kv_cache *cache, const int32_t *lens, const float *k_new,
+                         const float *v_new, int32_t seq_new)
+{
+    mha_kv_cache c;
+    mha_status st = check_cache(cache, &c);
+    if (st != MHA_OK)
+        return st;
+    if (!lens || !k_new || !v_new)
+        return MHA_ERR_ARG;
+    if (seq_new <= 0 || seq_new > c.capacity)
+        return MHA_ERR_SHAPE;
+    st = check_lens(&c, lens, seq_new);
+    if (st != MHA_OK)
+        return st;
+    cache_append(&c, lens, k_new, v_new, seq_new);
+    return MHA_OK;
+}
+
+/* The arguments of a cached attention call, checked; c is the resolved cache. */
+static mha_status cached_args(const mha_kv_cache *cache, const int32_t *lens, const float *q,
+                              int32_t heads, int32_t seq_q, float scale, const mha_mask *mask,
+                              float *out, mha_layout layout, float *lse, mha_kv_cache *c,
+                              mha_attn_args *a)
+{
+    mha_status st = check_cache(cache, c);
+    if (st != MHA_OK)
+        return st;
+    if (!lens || !q || !out)
+        return MHA_ERR_ARG;
+    if (layout != MHA_LAYOUT_BHSD && layout != MHA_LAYOUT_BSHD)
+        return MHA_ERR_ARG;
+    if (heads <= 0 || seq_q <= 0 || heads % c->kv_heads != 0
+        || COUNT(c->batch, heads, seq_q, c->head_dim) < 0
+        || COUNT(c->batch, heads, seq_q, c->v_head_dim) < 0)
+        return MHA_ERR_SHAPE;
+    if (mask && mask->key_lens)
+        return MHA_ERR_MASK;
+    st = check_mask(mask, c->batch, heads, seq_q, c->capacity);
+    if (st != MHA_OK)
+        return st;
+    *a = (mha_attn_args){
+        .batch = c->batch, .heads = heads, .kv_heads = c->kv_heads, .seq_q = seq_q,
+        .seq_kv = c->capacity, .dk = c->head_dim, .dv = c->v_head_dim, .lens = lens,
+        .q = q, .k = c->k, .v = c->v,
+        .k_stride_b = c->stride_b, .k_stride_h = c->stride_h, .k_stride_s = c->stride_s,
+        .v_stride_b = c->v_stride_b, .v_stride_h = c->v_stride_h, .v_stride_s = c->v_stride_s,
+        .scale = scale, .mask = mask, .out = out, .layout = layout, .lse = lse,
+    };
+    return MHA_OK;
+}
+
+mha_status mha_attention_cached(const mha_kv_cache *cache, const int32_t *lens, const float *q,
+                                int32_t heads, int32_t seq_q, float scale, const mha_mask *mask,
+                                float *out, mha_layout out_layout, float *lse)
+{
+    mha_kv_cache c;
+    mha_attn_args a;
+    mha_status st = cached_args(cache, lens, q, heads, seq_q, scale, mask, out, out_layout, lse,
+                                &c, &a);
+    if (st == MHA_OK)
+        st = check_lens(&c, lens, 0);
+    if (st != MHA_OK)
+        return st;
+    return mha_attention_run(mha_kernels_active(), &a);
 }
 
 static mha_status heads_transpose(float *x, int32_t batch, int32_t seq, int32_t heads,
@@ -155,7 +303,7 @@ typedef struct packed_weights {
    the lock, and copies are freed by mha_layer_destroy alone. ISAs of one gemm_nr
    share a copy, and there are at most MHA_ISA_COUNT widths. */
 struct mha_layer {
-    int32_t heads, kv_heads, head_dim, q_in, k_in, v_in, out_dim;
+    int32_t heads, kv_heads, head_dim, v_dim, q_in, k_in, v_in, out_dim;
     float *b_q, *b_k, *b_v, *b_o;
     _Atomic(packed_weights *) pack[MHA_ISA_COUNT];
     pthread_mutex_t lock;
@@ -189,8 +337,9 @@ static void packed_free(packed_weights *p)
 static packed_weights *packed_alloc(const mha_layer *L, int32_t nr)
 {
     const int32_t nq = L->heads * L->head_dim, nkv = L->kv_heads * L->head_dim;
+    const int32_t nv = L->kv_heads * L->v_dim, no = L->heads * L->v_dim;
     const size_t fq = mha_packed_floats(nq, L->q_in, nr), fk = mha_packed_floats(nkv, L->k_in, nr);
-    const size_t fv = mha_packed_floats(nkv, L->v_in, nr);
+    const size_t fv = mha_packed_floats(nv, L->v_in, nr);
     packed_weights *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
@@ -199,7 +348,7 @@ static packed_weights *packed_alloc(const mha_layer *L, int32_t nr)
     p->off_v = fq + fk;
     p->w_qkv = malloc((fq + fk + fv) * sizeof(float));
     if (L->out_dim > 0)
-        p->w_o = malloc(mha_packed_floats(L->out_dim, nq, nr) * sizeof(float));
+        p->w_o = malloc(mha_packed_floats(L->out_dim, no, nr) * sizeof(float));
     if (!p->w_qkv || (L->out_dim > 0 && !p->w_o)) {
         packed_free(p);
         return NULL;
@@ -213,11 +362,12 @@ static void pack_layer(const mha_layer *L, const float *const w[4], int32_t nr_s
                        packed_weights *dst)
 {
     const int32_t nq = L->heads * L->head_dim, nkv = L->kv_heads * L->head_dim;
+    const int32_t nv = L->kv_heads * L->v_dim, no = L->heads * L->v_dim;
     mha_pack_weights(w[0], nq, L->q_in, nr_src, dst->w_qkv, dst->nr);
     mha_pack_weights(w[1], nkv, L->k_in, nr_src, dst->w_qkv + dst->off_k, dst->nr);
-    mha_pack_weights(w[2], nkv, L->v_in, nr_src, dst->w_qkv + dst->off_v, dst->nr);
+    mha_pack_weights(w[2], nv, L->v_in, nr_src, dst->w_qkv + dst->off_v, dst->nr);
     if (L->out_dim > 0)
-        mha_pack_weights(w[3], L->out_dim, nq, nr_src, dst->w_o, dst->nr);
+        mha_pack_weights(w[3], L->out_dim, no, nr_src, dst->w_o, dst->nr);
 }
 
 /* L's weights packed for width nr: the published copy, else a repack of pack[0]
@@ -285,10 +435,11 @@ mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out)
     if (!desc || !out || !desc->w_q || !desc->w_k || !desc->w_v)
         return MHA_ERR_ARG;
     const int32_t heads = desc->heads, dh = desc->head_dim, out_dim = desc->out_dim;
+    const int32_t dv = value_dim(desc->v_head_dim, dh);
     const int32_t kv_heads = desc->kv_heads ? desc->kv_heads : heads;
     const int32_t q_in = desc->q_in, k_in = desc->k_in ? desc->k_in : q_in;
     const int32_t v_in = desc->v_in ? desc->v_in : k_in;
-    if (heads <= 0 || kv_heads <= 0 || dh <= 0 || q_in <= 0 || k_in <= 0 || v_in <= 0
+    if (heads <= 0 || kv_heads <= 0 || dh <= 0 || dv <= 0 || q_in <= 0 || k_in <= 0 || v_in <= 0
         || out_dim < 0 || desc->kv_heads < 0 || desc->k_in < 0 || desc->v_in < 0
         || heads % kv_heads != 0)
         return MHA_ERR_SHAPE;
@@ -296,21 +447,24 @@ mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out)
         return MHA_ERR_ARG;
     /* Every product is checked before it is formed. Widths stay int32 even when
        padded to whole panels, and the packed sizes fit for any panel width. */
-    const int64_t nq_padded = COUNT(heads, dh, 64), nkv_padded = COUNT(kv_heads, dh, 64);
-    if (nq_padded < 0 || nq_padded > INT32_MAX || nkv_padded < 0 || nkv_padded > INT32_MAX
-        || COUNT(out_dim > 0 ? out_dim : 1, 64) > INT32_MAX)
+    const int64_t padded[4] = {COUNT(heads, dh, 64), COUNT(kv_heads, dh, 64),
+                               COUNT(kv_heads, dv, 64), COUNT(heads, dv, 64)};
+    for (int i = 0; i < 4; i++)
+        if (padded[i] < 0 || padded[i] > INT32_MAX)
+            return MHA_ERR_SHAPE;
+    if (COUNT(out_dim > 0 ? out_dim : 1, 64) > INT32_MAX)
         return MHA_ERR_SHAPE;
-    const int32_t nq = heads * dh, nkv = kv_heads * dh;
+    const int32_t nq = heads * dh, nkv = kv_heads * dh, nv = kv_heads * dv, no = heads * dv;
     const int64_t pq = packed_count_max(nq, q_in), pk = packed_count_max(nkv, k_in);
-    const int64_t pv = packed_count_max(nkv, v_in);
+    const int64_t pv = packed_count_max(nv, v_in);
     if (pq < 0 || pk < 0 || pv < 0 || pq > COUNT_LIMIT - pk - pv
-        || (out_dim > 0 && packed_count_max(out_dim, nq) < 0))
+        || (out_dim > 0 && packed_count_max(out_dim, no) < 0))
         return MHA_ERR_SHAPE;
 
     mha_layer *L = calloc(1, sizeof *L);
     if (!L)
         return MHA_ERR_NOMEM;
-    L->heads = heads, L->kv_heads = kv_heads, L->head_dim = dh, L->q_in = q_in;
+    L->heads = heads, L->kv_heads = kv_heads, L->head_dim = dh, L->v_dim = dv, L->q_in = q_in;
     L->k_in = k_in, L->v_in = v_in, L->out_dim = out_dim;
     for (int i = 0; i < MHA_ISA_COUNT; i++)
         atomic_init(&L->pack[i], NULL);
@@ -318,7 +472,7 @@ mha_status mha_layer_create(const mha_layer_desc *desc, mha_layer **out)
     L->lock_ready = !failed;
     L->b_q = copy_floats(desc->b_q, nq, &failed);
     L->b_k = copy_floats(desc->b_k, nkv, &failed);
-    L->b_v = copy_floats(desc->b_v, nkv, &failed);
+    L->b_v = copy_floats(desc->b_v, nv, &failed);
     if (out_dim > 0)
         L->b_o = copy_floats(desc->b_o, out_dim, &failed);
 
@@ -343,17 +497,12 @@ static mha_gemm_seg head_major(const float *w, const float *bias, float *dst, in
                           .row_stride = dh, .block_stride = (int64_t)seq * dh};
 }
 
-/* pw: L's weights packed for kt->gemm_nr. */
-static void qkv_run(const mha_kernels *kt, const mha_layer *L, const packed_weights *pw,
-                    const float *query, const float *key, const float *value, int32_t batch,
-                    int32_t seq_q, int32_t seq_kv, float *q, float *k, float *v)
+/* The Q, K and V projections into segs (Q, K, V destinations): one GEMM over the
+   packed [Wq;Wk;Wv] for self-attention, K and V fused when value == key. */
+static void qkv_gemms(const mha_kernels *kt, const mha_layer *L, const mha_gemm_seg segs[3],
+                      const float *query, const float *key, const float *value, int32_t batch,
+                      int32_t seq_q, int32_t seq_kv)
 {
-    const float *w = pw->w_qkv;
-    mha_gemm_seg segs[3] = {
-        head_major(w, L->b_q, q, L->heads, seq_q, L->head_dim),
-        head_major(w + pw->off_k, L->b_k, k, L->kv_heads, seq_kv, L->head_dim),
-        head_major(w + pw->off_v, L->b_v, v, L->kv_heads, seq_kv, L->head_dim),
-    };
     const int kv_fused = value == key && L->k_in == L->v_in;
     if (kv_fused && key == query && L->q_in == L->k_in && seq_q == seq_kv) {
         mha_gemm_run(kt, (int64_t)batch * seq_q, L->q_in, query, L->q_in, segs, 3);
@@ -368,9 +517,22 @@ static void qkv_run(const mha_kernels *kt, const mha_layer *L, const packed_weig
     }
 }
 
+/* pw: L's weights packed for kt->gemm_nr; q, k, v head-major. */
+static void qkv_run(const mha_kernels *kt, const mha_layer *L, const packed_weights *pw,
+                    const float *query, const float *key, const float *value, int32_t batch,
+                    int32_t seq_q, int32_t seq_kv, float *q, float *k, float *v)
+{
+    const mha_gemm_seg segs[3] = {
+        head_major(pw->w_qkv, L->b_q, q, L->heads, seq_q, L->head_dim),
+        head_major(pw->w_qkv + pw->off_k, L->b_k, k, L->kv_heads, seq_kv, L->head_dim),
+        head_major(pw->w_qkv + pw->off_v, L->b_v, v, L->kv_heads, seq_kv, L->v_dim),
+    };
+    qkv_gemms(kt, L, segs, query, key, value, batch, seq_q, seq_kv);
+}
+
 /* Float counts of a forward pass's intermediates, or 0 on a bad shape. */
 typedef struct fwd_sizes {
-    int64_t q, kv, merged;
+    int64_t q, k, v, merged;
 } fwd_sizes;
 
 static mha_status forward_sizes(const mha_layer *L, int32_t batch, int32_t seq_q, int32_t seq_kv,
@@ -379,9 +541,12 @@ static mha_status forward_sizes(const mha_layer *L, int32_t batch, int32_t seq_q
     if (batch <= 0 || seq_q <= 0 || seq_kv <= 0)
         return MHA_ERR_SHAPE;
     s->q = COUNT(batch, seq_q, L->heads, L->head_dim);
-    s->kv = COUNT(batch, seq_kv, L->kv_heads, L->head_dim);
-    s->merged = L->out_dim > 0 ? s->q : 0;
-    if (s->q < 0 || s->kv < 0 || COUNT(batch, seq_q, L->out_dim > 0 ? L->out_dim : 1) < 0
+    s->k = COUNT(batch, seq_kv, L->kv_heads, L->head_dim);
+    s->v = COUNT(batch, seq_kv, L->kv_heads, L->v_dim);
+    const int64_t merged = COUNT(batch, seq_q, L->heads, L->v_dim);
+    s->merged = L->out_dim > 0 ? merged : 0;
+    if (s->q < 0 || s->k < 0 || s->v < 0 || merged < 0
+        || COUNT(batch, seq_q, L->out_dim > 0 ? L->out_dim : 1) < 0
         || COUNT(batch, seq_q, L->q_in) < 0 || COUNT(batch, seq_kv, L->k_in) < 0
         || COUNT(batch, seq_kv, L->v_in) < 0 || COUNT(batch, seq_q, seq_kv) < 0)
         return MHA_ERR_SHAPE;
@@ -393,9 +558,37 @@ static size_t aligned_bytes(int64_t floats)
     return ((size_t)floats * sizeof(float) + MHA_ALIGN - 1) / MHA_ALIGN * MHA_ALIGN;
 }
 
-static size_t workspace_bytes(const fwd_sizes *s)
+/* The workspace: q, k, v and merged one after another, 64-byte aligned, plus
+   `extra` bytes after them. */
+static size_t workspace_bytes(const fwd_sizes *s, size_t extra)
 {
-    return MHA_ALIGN + aligned_bytes(s->q) + 2 * aligned_bytes(s->kv) + aligned_bytes(s->merged);
+    return MHA_ALIGN + aligned_bytes(s->q) + aligned_bytes(s->k) + aligned_bytes(s->v)
+           + aligned_bytes(s->merged) + extra;
+}
+
+typedef struct workspace_parts {
+    float *q, *k, *v, *merged;
+    void *extra;
+    void *owned; /* allocated by the call, else NULL */
+} workspace_parts;
+
+/* Carves the caller's workspace, or allocates `need` bytes when it is NULL. */
+static mha_status workspace_take(void *workspace, size_t need, const fwd_sizes *s,
+                                 workspace_parts *w)
+{
+    w->owned = NULL;
+    if (!workspace) {
+        w->owned = workspace = malloc(need);
+        if (!workspace)
+            return MHA_ERR_NOMEM;
+    }
+    char *base = (char *)(((uintptr_t)workspace + MHA_ALIGN - 1) & ~(uintptr_t)(MHA_ALIGN - 1));
+    w->q = (float *)base;
+    w->k = (float *)(base += aligned_bytes(s->q));
+    w->v = (float *)(base += aligned_bytes(s->k));
+    w->merged = (float *)(base += aligned_bytes(s->v));
+    w->extra = base + aligned_bytes(s->merged);
+    return MHA_OK;
 }
 
 size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q,
@@ -404,7 +597,7 @@ size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t s
     fwd_sizes s;
     if (!layer || forward_sizes(layer, batch, seq_q, seq_kv, &s) != MHA_OK)
         return 0;
-    return workspace_bytes(&s);
+    return workspace_bytes(&s, 0);
 }
 
 mha_status mha_qkv_project(const mha_layer *layer, const float *query, const float *key,
@@ -425,6 +618,18 @@ mha_status mha_qkv_project(const mha_layer *layer, const float *query, const flo
     return MHA_OK;
 }
 
+/* out = merged Wo^T + bo, merged being [batch*seq][heads*dv]. */
+static void out_projection(const mha_kernels *kt, const mha_layer *L, const packed_weights *pw,
+                           const float *merged, int32_t batch, int32_t seq, float *out)
+{
+    const int32_t no = L->heads * L->v_dim;
+    const mha_gemm_seg seg = {.w = pw->w_o, .bias = L->b_o, .n = L->out_dim, .dst = out,
+                              .rows = seq, .cols = L->out_dim,
+                              .batch_stride = (int64_t)seq * L->out_dim,
+                              .row_stride = L->out_dim};
+    mha_gemm_run(kt, (int64_t)batch * seq, no, merged, no, &seg, 1);
+}
+
 mha_status mha_layer_forward(const mha_layer *layer, const float *query, const float *key,
                              const float *value, int32_t batch, int32_t seq_q, int32_t seq_kv,
                              const mha_mask *mask, float *out, void *workspace,
@@ -436,12 +641,10 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
     mha_status st = forward_sizes(layer, batch, seq_q, seq_kv, &s);
     if (st != MHA_OK)
         return st;
-    const mha_attn_dims dims = {batch, layer->heads, layer->kv_heads, seq_q, seq_kv,
-                                layer->head_dim};
-    st = check_mask(mask, &dims);
+    st = check_mask(mask, batch, layer->heads, seq_q, seq_kv);
     if (st != MHA_OK)
         return st;
-    const size_t need = workspace_bytes(&s);
+    const size_t need = workspace_bytes(&s, 0);
     if (workspace && workspace_size < need)
         return MHA_ERR_ARG;
     /* The weights for this call's ISA before any write: repacking may fail. */
@@ -449,37 +652,144 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
     const packed_weights *pw = layer_packed(layer, kt->gemm_nr);
     if (!pw)
         return MHA_ERR_NOMEM;
-    void *owned = NULL;
-    if (!workspace) {
-        owned = workspace = malloc(need);
-        if (!owned)
-            return MHA_ERR_NOMEM;
-    }
+    workspace_parts w;
+    if (workspace_take(workspace, need, &s, &w) != MHA_OK)
+        return MHA_ERR_NOMEM;
 
-    char *base = (char *)(((uintptr_t)workspace + MHA_ALIGN - 1) & ~(uintptr_t)(MHA_ALIGN - 1));
-    float *q = (float *)base;
-    float *k = (float *)(base + aligned_bytes(s.q));
-    float *v = (float *)((char *)k + aligned_bytes(s.kv));
-    float *merged = (float *)((char *)v + aligned_bytes(s.kv));
-
-    qkv_run(kt, layer, pw, query, key, value, batch, seq_q, seq_kv, q, k, v);
-    const float scale = 1.0f / sqrtf((float)layer->head_dim);
-    if (layer->out_dim == 0) {
-        st = mha_attention_run(kt, &dims, q, k, v, scale, mask, out, MHA_LAYOUT_BSHD);
-    } else {
-        st = mha_attention_run(kt, &dims, q, k, v, scale, mask, merged, MHA_LAYOUT_BSHD);
-        if (st != MHA_OK) {
-            free(owned);
-            return st;
-        }
-        const int32_t nq = layer->heads * layer->head_dim;
-        const mha_gemm_seg seg = {.w = pw->w_o, .bias = layer->b_o,
-                                  .n = layer->out_dim, .dst = out, .rows = seq_q,
-                                  .cols = layer->out_dim,
-                                  .batch_stride = (int64_t)seq_q * layer->out_dim,
-                                  .row_stride = layer->out_dim};
-        mha_gemm_run(kt, (int64_t)batch * seq_q, nq, merged, nq, &seg, 1);
+    const int32_t dk = layer->head_dim, dv = layer->v_dim, Hkv = layer->kv_heads;
+    const mha_attn_args a = {
+        .batch = batch, .heads = layer->heads, .kv_heads = Hkv, .seq_q = seq_q,
+        .seq_kv = seq_kv, .dk = dk, .dv = dv, .q = w.q, .k = w.k, .v = w.v,
+        .k_stride_b = (int64_t)Hkv * seq_kv * dk, .k_stride_h = (int64_t)seq_kv * dk,
+        .k_stride_s = dk, .v_stride_b = (int64_t)Hkv * seq_kv * dv,
+        .v_stride_h = (int64_t)seq_kv * dv, .v_stride_s = dv,
+        .scale = 1.0f / sqrtf((float)dk), .mask = mask,
+        .out = layer->out_dim > 0 ? w.merged : out, .layout = MHA_LAYOUT_BSHD,
+    };
+    mha_attn_plan plan;
+    st = mha_attention_prepare(kt, &a, &plan);
+    if (st == MHA_OK) {
+        qkv_run(kt, layer, pw, query, key, value, batch, seq_q, seq_kv, w.q, w.k, w.v);
+        mha_attention_exec(&plan);
+        if (layer->out_dim > 0)
+            out_projection(kt, layer, pw, w.merged, batch, seq_q, out);
     }
-    free(owned);
+    free(w.owned);
     return st;
+}
+
+/* ---- decoder step ---- */
+
+/* Do the K and V rows of the cache lie in disjoint address ranges? */
+static int cache_sides_disjoint(const mha_kv_cache *c)
+{
+    const int64_t k_end = (c->batch - 1) * c->stride_b + (c->kv_heads - 1) * c->stride_h
+                          + (int64_t)(c->capacity - 1) * c->stride_s + c->head_dim;
+    const int64_t v_end = (c->batch - 1) * c->v_stride_b + (c->kv_heads - 1) * c->v_stride_h
+                          + (int64_t)(c->capacity - 1) * c->v_stride_s + c->v_head_dim;
+    return c->k + k_end <= c->v || c->v + v_end <= c->k;
+}
+
+/* A step's intermediates: the forward pass's with seq_kv = seq_q, plus the new lens. */
+static mha_status step_sizes(const mha_layer *L, int32_t batch, int32_t seq_q, fwd_sizes *s,
+                             size_t *bytes)
+{
+    mha_status st = forward_sizes(L, batch, seq_q, seq_q, s);
+    if (st != MHA_OK)
+        return st;
+    *bytes = workspace_bytes(s, (size_t)batch * sizeof(int32_t));
+    return MHA_OK;
+}
+
+size_t mha_layer_step_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q)
+{
+    fwd_sizes s;
+    size_t bytes;
+    if (!layer || step_sizes(layer, batch, seq_q, &s, &bytes) != MHA_OK)
+        return 0;
+    return bytes;
+}
+
+mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
+                          const mha_kv_cache *cache, int32_t *lens, const mha_mask *mask,
+                          float *out, void *workspace, size_t workspace_size)
+{
+    if (!layer || !x || !lens || !out)
+        return MHA_ERR_ARG;
+    mha_kv_cache c;
+    mha_status st = check_cache(cache, &c);
+    if (st != MHA_OK)
+        return st;
+    const int32_t B = c.batch, H = layer->heads, Hkv = layer->kv_heads;
+    if (c.kv_heads != Hkv || c.head_dim != layer->head_dim || c.v_head_dim != layer->v_dim
+        || layer->k_in != layer->q_in || layer->v_in != layer->q_in || seq_q <= 0
+        || seq_q > c.capacity)
+        return MHA_ERR_SHAPE;
+    fwd_sizes s;
+    size_t need;
+    st = step_sizes(layer, B, seq_q, &s, &need);
+    if (st == MHA_OK)
+        st = check_lens(&c, lens, seq_q);
+    if (st == MHA_OK && mask && mask->key_lens)
+        st = MHA_ERR_MASK;
+    if (st == MHA_OK)
+        st = check_mask(mask, B, H, seq_q, c.capacity);
+    if (st != MHA_OK)
+        return st;
+    if (workspace && workspace_size < need)
+        return MHA_ERR_ARG;
+    const mha_kernels *kt = mha_kernels_active();
+    const packed_weights *pw = layer_packed(layer, kt->gemm_nr);
+    if (!pw)
+        return MHA_ERR_NOMEM;
+    workspace_parts w;
+    if (workspace_take(workspace, need, &s, &w) != MHA_OK)
+        return MHA_ERR_NOMEM;
+    int32_t *new_lens = w.extra;
+    int same_lens = 1;
+    for (int32_t b = 0; b < B; b++) {
+        new_lens[b] = lens[b] + seq_q;
+        same_lens &= lens[b] == lens[0];
+    }
+    mha_attn_args a;
+    mha_kv_cache unused;
+    st = cached_args(&c, new_lens, w.q, H, seq_q, 1.0f / sqrtf((float)c.head_dim), mask,
+                     layer->out_dim > 0 ? w.merged : out, MHA_LAYOUT_BSHD, NULL, &unused, &a);
+    mha_attn_plan plan;
+    if (st == MHA_OK)
+        st = mha_attention_prepare(kt, &a, &plan);
+    if (st != MHA_OK) {
+        free(w.owned);
+        return st;
+    }
+
+    /* Nothing can fail from here on. New K and V rows go straight into the cache
+       from the GEMM when every sequence appends at the same row and K and V do not
+       share memory; else through the workspace, K then V. */
+    mha_gemm_seg segs[3] = {
+        head_major(pw->w_qkv, layer->b_q, w.q, H, seq_q, c.head_dim),
+        head_major(pw->w_qkv + pw->off_k, layer->b_k, w.k, Hkv, seq_q, c.head_dim),
+        head_major(pw->w_qkv + pw->off_v, layer->b_v, w.v, Hkv, seq_q, c.v_head_dim),
+    };
+    const int direct = same_lens && cache_sides_disjoint(&c);
+    if (direct) {
+        segs[1] = (mha_gemm_seg){.w = segs[1].w, .bias = layer->b_k, .n = segs[1].n,
+                                 .dst = c.k + lens[0] * c.stride_s, .rows = seq_q,
+                                 .cols = c.head_dim, .batch_stride = c.stride_b,
+                                 .row_stride = c.stride_s, .block_stride = c.stride_h};
+        segs[2] = (mha_gemm_seg){.w = segs[2].w, .bias = layer->b_v, .n = segs[2].n,
+                                 .dst = c.v + lens[0] * c.v_stride_s, .rows = seq_q,
+                                 .cols = c.v_head_dim, .batch_stride = c.v_stride_b,
+                                 .row_stride = c.v_stride_s, .block_stride = c.v_stride_h};
+    }
+    qkv_gemms(kt, layer, segs, x, x, x, B, seq_q, seq_q);
+    if (!direct)
+        cache_append(&c, lens, w.k, w.v, seq_q);
+    mha_attention_exec(&plan);
+    if (layer->out_dim > 0)
+        out_projection(kt, layer, pw, w.merged, B, seq_q, out);
+    for (int32_t b = 0; b < B; b++)
+        lens[b] = new_lens[b];
+    free(w.owned);
+    return MHA_OK;
 }

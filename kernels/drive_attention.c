@@ -1,97 +1,284 @@
-/* Attention driver: one work item per (batch, head, block of query rows), so
- * that even batch*heads below the thread count fills the cores. Masks become a
- * per-row count of visible keys (all mask kinds hide a suffix of the keys) plus
- * the additive bias, which the kernel applies. */
+/* Attention driver for mha_attention and mha_attention_cached.
+ *
+ * A work item is one block: the query heads that share a kv head (GQA) and a
+ * run of their query rows, so that each K and V row is read once for all of
+ * them; with many query rows, a block is one head's run of attn_block_rows.
+ * When blocks are too few to fill the threads (decode: few sequences, one row
+ * each, long caches), the keys are cut into chunks too (flash-decoding): each
+ * chunk writes its rows' normalised partial output and log-sum-exp, and a
+ * second loop merges the chunks of each row in chunk order. How the work is cut
+ * (blocks, chunk count and length) depends only on the call's shapes and lens,
+ * never on the thread count, so results are bitwise identical for any number
+ * of threads.
+ *
+ * Masks become a per-row range of visible keys [kv_begin, kv_end) (key lengths,
+ * causality and the window each cut one side), plus the bias, ALiBi and sinks
+ * that the kernel applies. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "internal.h"
 
-/* Keys visible to query row i of batch b form a prefix: j < kv_end. */
-static int32_t visible_keys(const mha_attn_dims *d, const mha_mask *mask, int32_t b, int32_t i)
+enum {
+    SPLIT_ITEMS = 64, /* blocks wanted before the keys are not cut */
+    CHUNK_MIN = 256,  /* fewest keys per chunk */
+    CHUNK_ALIGN = 64, /* chunk lengths are multiples of this */
+};
+
+/* Per-row arrays of a block, in the item's heap scratch (the stack stays small). */
+typedef struct block_rows {
+    int32_t kv_begin[MHA_ATTN_ROWS_MAX], kv_end[MHA_ATTN_ROWS_MAX];
+    int32_t alibi_pos[MHA_ATTN_ROWS_MAX];
+    float alibi_slope[MHA_ATTN_ROWS_MAX], sink[MHA_ATTN_ROWS_MAX], lse[MHA_ATTN_ROWS_MAX];
+} block_rows;
+
+static size_t rows_bytes(void)
 {
-    int32_t end = d->seq_kv;
-    if (!mask)
-        return end;
-    if (mask->key_lens && mask->key_lens[b] < end)
-        end = mask->key_lens[b];
-    if (mask->query_key_lens && mask->query_key_lens[(int64_t)b * d->seq_q + i] < end)
-        end = mask->query_key_lens[(int64_t)b * d->seq_q + i];
-    if (mask->causal) {
-        int64_t diag = (int64_t)i + d->seq_kv - d->seq_q + 1;
-        if (diag < end)
-            end = diag < 0 ? 0 : (int32_t)diag;
-    }
-    return end;
+    return (sizeof(block_rows) + 63) / 64 * 64;
 }
 
-/* One attention call: what every work item reads. */
-typedef struct attn_call {
-    const mha_kernels *kt;
-    const mha_attn_dims *d;
-    const float *q, *k, *v;
-    float scale;
-    const mha_mask *mask;
-    float *out;
-    mha_layout layout;
-    int64_t qblocks;
-    mha_scratch scratch;
-} attn_call;
+/* The keys of sequence b: lens[b] for the cache, seq_kv otherwise. */
+static int32_t seq_keys(const mha_attn_args *a, int32_t b)
+{
+    return a->lens ? a->lens[b] : a->seq_kv;
+}
 
-/* Work item: a block of query rows of one (b, h). */
+/* The largest number of keys of any sequence. */
+static int32_t max_keys(const mha_attn_args *a)
+{
+    int32_t m = 0;
+    for (int32_t b = 0; b < a->batch; b++)
+        m = seq_keys(a, b) > m ? seq_keys(a, b) : m;
+    return m;
+}
+
+mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a,
+                                 mha_attn_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->kt = kt;
+    p->a = *a;
+    const int32_t br = kt->attn_block_rows, G = a->heads / a->kv_heads;
+    if (a->seq_q >= br) {
+        p->head_run = 1, p->row_run = br;
+        p->qblocks = (a->seq_q + br - 1) / br;
+    } else {
+        p->row_run = a->seq_q, p->qblocks = 1;
+        p->head_run = br / a->seq_q < G ? br / a->seq_q : G;
+    }
+    p->hgroups = (G + p->head_run - 1) / p->head_run;
+    p->blocks = (int64_t)a->batch * a->kv_heads * p->hgroups * p->qblocks;
+
+    const int32_t keys = max_keys(a);
+    p->chunks = 1;
+    p->chunk_len = keys;
+    if (p->blocks < SPLIT_ITEMS && keys >= 2 * CHUNK_MIN) {
+        int64_t n = (SPLIT_ITEMS + p->blocks - 1) / p->blocks;
+        n = n < keys / CHUNK_MIN ? n : keys / CHUNK_MIN;
+        int64_t len = (keys + n - 1) / n;
+        len = (len + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
+        p->chunk_len = (int32_t)len;
+        p->chunks = (int32_t)((keys + len - 1) / len);
+    }
+
+    const size_t kernel = kt->attn_scratch_bytes ? kt->attn_scratch_bytes() : 0;
+    const int64_t items = p->blocks * p->chunks;
+    if (mha_scratch_init(&p->scratch, rows_bytes() + kernel, items) != MHA_OK)
+        return MHA_ERR_NOMEM;
+    if (p->chunks > 1) {
+        const int64_t rows = (int64_t)p->head_run * p->row_run;
+        p->part_lse = malloc((size_t)(items * rows) * sizeof(float));
+        p->part_out = malloc((size_t)(items * rows * a->dv) * sizeof(float));
+        if (!p->part_lse || !p->part_out) {
+            mha_attention_release(p);
+            return MHA_ERR_NOMEM;
+        }
+    }
+    return MHA_OK;
+}
+
+void mha_attention_release(mha_attn_plan *p)
+{
+    mha_scratch_free(&p->scratch);
+    free(p->part_lse);
+    free(p->part_out);
+    p->part_lse = p->part_out = NULL;
+}
+
+/* A block's place in the call. */
+typedef struct block_at {
+    int32_t b, g, h0, heads, i0, rows; /* heads h0.. of kv head g, rows i0.. of each */
+} block_at;
+
+static block_at locate(const mha_attn_plan *p, int64_t blk)
+{
+    const mha_attn_args *a = &p->a;
+    block_at at;
+    const int32_t qb = (int32_t)(blk % p->qblocks), hg = (int32_t)(blk / p->qblocks % p->hgroups);
+    const int64_t bg = blk / p->qblocks / p->hgroups;
+    at.b = (int32_t)(bg / a->kv_heads);
+    at.g = (int32_t)(bg % a->kv_heads);
+    const int32_t G = a->heads / a->kv_heads;
+    at.h0 = at.g * G + hg * p->head_run;
+    at.heads = G - hg * p->head_run < p->head_run ? G - hg * p->head_run : p->head_run;
+    at.i0 = qb * p->row_run;
+    at.rows = a->seq_q - at.i0 < p->row_run ? a->seq_q - at.i0 : p->row_run;
+    return at;
+}
+
+static int32_t clamp(int64_t x, int32_t lo, int32_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : (int32_t)x;
+}
+
+/* Work item: block blk / chunks, keys of chunk blk % chunks. */
 static void attend_item(void *arg, int64_t item)
 {
-    attn_call *c = arg;
-    const mha_attn_dims *d = c->d;
-    const mha_mask *mask = c->mask;
-    const int32_t H = d->heads, Sq = d->seq_q, Skv = d->seq_kv, dh = d->head_dim;
-    const int32_t br = c->kt->attn_block_rows;
-    int32_t kv_end[MHA_ATTN_ROWS_MAX];
-    const int32_t b = (int32_t)(item / (H * c->qblocks));
-    const int32_t h = (int32_t)(item / c->qblocks % H);
-    const int32_t i0 = (int32_t)(item % c->qblocks) * br;
-    const int32_t rows = Sq - i0 < br ? Sq - i0 : br;
-    for (int32_t r = 0; r < rows; r++)
-        kv_end[r] = visible_keys(d, mask, b, i0 + r);
+    const mha_attn_plan *p = arg;
+    const mha_attn_args *a = &p->a;
+    const mha_mask *mask = a->mask;
+    const int64_t bi = item / p->chunks;
+    const int32_t c = (int32_t)(item % p->chunks);
+    const block_at at = locate(p, bi);
+    const int32_t H = a->heads, Sq = a->seq_q, len = seq_keys(a, at.b);
+    const int32_t c0 = c * p->chunk_len;
+    const int32_t cn = clamp((int64_t)len - c0, 0, p->chunk_len);
+    const int split = p->chunks > 1;
 
-    const int64_t kv_head = (int64_t)b * d->kv_heads + h / (H / d->kv_heads);
+    char *slot = mha_scratch_take((mha_scratch *)&p->scratch);
+    block_rows *br = (block_rows *)slot;
+    const int window = mask && mask->window > 0;
+    const int32_t nrows = at.heads * at.rows;
+    for (int32_t r = 0; r < nrows; r++) {
+        const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
+        const int64_t pos = (int64_t)len - Sq + i;
+        int64_t end = len, begin = 0;
+        if (mask) {
+            if (mask->key_lens && mask->key_lens[at.b] < end)
+                end = mask->key_lens[at.b];
+            if (mask->query_key_lens && mask->query_key_lens[(int64_t)at.b * Sq + i] < end)
+                end = mask->query_key_lens[(int64_t)at.b * Sq + i];
+            if (mask->causal && pos + 1 < end)
+                end = pos + 1;
+            if (window)
+                begin = pos - mask->window + 1;
+        }
+        br->kv_end[r] = clamp(end - c0, 0, cn);
+        br->kv_begin[r] = clamp(begin - c0, 0, br->kv_end[r]);
+        if (mask && mask->alibi_slopes) {
+            br->alibi_slope[r] = mask->alibi_slopes[h];
+            br->alibi_pos[r] = (int32_t)(pos - c0);
+        }
+        if (mask && mask->sinks)
+            br->sink[r] = mask->sinks[h];
+    }
+
     mha_attn_block blk = {
-        .rows = rows,
-        .seq_kv = Skv,
-        .head_dim = dh,
-        .q = c->q + (((int64_t)b * H + h) * Sq + i0) * dh,
-        .q_stride = dh,
-        .k = c->k + kv_head * Skv * dh,
-        .v = c->v + kv_head * Skv * dh,
-        .kv_end = kv_end,
-        .scale = c->scale,
+        .rows = nrows,
+        .group_rows = at.rows,
+        .seq_kv = cn,
+        .dk = a->dk,
+        .dv = a->dv,
+        .q = a->q + (((int64_t)at.b * H + at.h0) * Sq + at.i0) * a->dk,
+        .q_stride = a->dk,
+        .q_group_stride = (int64_t)Sq * a->dk,
+        .k = a->k + at.b * a->k_stride_b + at.g * a->k_stride_h + c0 * a->k_stride_s,
+        .v = a->v + at.b * a->v_stride_b + at.g * a->v_stride_h + c0 * a->v_stride_s,
+        .k_stride = a->k_stride_s,
+        .v_stride = a->v_stride_s,
+        .kv_begin = window ? br->kv_begin : NULL,
+        .kv_end = br->kv_end,
+        .scale = a->scale,
+        .softcap = mask ? mask->softcap : 0.0f,
+        .alibi_slope = mask && mask->alibi_slopes ? br->alibi_slope : NULL,
+        .alibi_pos = br->alibi_pos,
+        .sink = mask && mask->sinks && !split ? br->sink : NULL,
+        .scratch = p->kt->attn_scratch_bytes ? slot + rows_bytes() : NULL,
     };
     if (mask && mask->bias) {
-        blk.bias = mask->bias + b * mask->bias_stride_b + h * mask->bias_stride_h
-                   + i0 * mask->bias_stride_q;
+        blk.bias = mask->bias + at.b * mask->bias_stride_b + at.h0 * mask->bias_stride_h
+                   + at.i0 * mask->bias_stride_q + c0;
         blk.bias_stride = mask->bias_stride_q;
+        blk.bias_group_stride = mask->bias_stride_h;
     }
-    if (c->layout == MHA_LAYOUT_BHSD) {
-        blk.out = c->out + (((int64_t)b * H + h) * Sq + i0) * dh;
-        blk.out_stride = dh;
+    if (split) {
+        const int64_t rows = (int64_t)p->head_run * p->row_run;
+        blk.out = p->part_out + item * rows * a->dv;
+        blk.out_stride = a->dv;
+        blk.out_group_stride = (int64_t)at.rows * a->dv;
+        blk.lse = p->part_lse + item * rows;
     } else {
-        blk.out = c->out + (((int64_t)b * Sq + i0) * H + h) * dh;
-        blk.out_stride = (int64_t)H * dh;
+        if (a->layout == MHA_LAYOUT_BHSD) {
+            blk.out = a->out + (((int64_t)at.b * H + at.h0) * Sq + at.i0) * a->dv;
+            blk.out_stride = a->dv;
+            blk.out_group_stride = (int64_t)Sq * a->dv;
+        } else {
+            blk.out = a->out + (((int64_t)at.b * Sq + at.i0) * H + at.h0) * a->dv;
+            blk.out_stride = (int64_t)H * a->dv;
+            blk.out_group_stride = a->dv;
+        }
+        blk.lse = a->lse ? br->lse : NULL;
     }
-    blk.scratch = mha_scratch_take(&c->scratch);
-    c->kt->attn_block(&blk);
-    mha_scratch_give(&c->scratch, blk.scratch);
+    p->kt->attn_block(&blk);
+    if (!split && a->lse)
+        for (int32_t r = 0; r < nrows; r++)
+            a->lse[((int64_t)at.b * H + at.h0 + r / at.rows) * Sq + at.i0 + r % at.rows] = br->lse[r];
+    mha_scratch_give((mha_scratch *)&p->scratch, slot);
 }
 
-mha_status mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const float *q,
-                             const float *k, const float *v, float scale, const mha_mask *mask,
-                             float *out, mha_layout layout)
+/* Merge item: the chunks of block bi, row by row, in chunk order:
+ *   L = log sum_c exp(lse_c);  out = sum_c exp(lse_c - M) O_c / (sum_c exp(lse_c - M) + exp(sink - M))
+ * with M the largest lse_c; a row that saw no key in any chunk gets zeros. */
+static void merge_item(void *arg, int64_t bi)
 {
-    const int32_t br = kt->attn_block_rows;
-    attn_call c = {.kt = kt, .d = d, .q = q, .k = k, .v = v, .scale = scale, .mask = mask,
-                   .out = out, .layout = layout, .qblocks = (d->seq_q + br - 1) / br};
-    const int64_t items = (int64_t)d->batch * d->heads * c.qblocks;
-    const size_t scratch = kt->attn_scratch_bytes ? kt->attn_scratch_bytes() : 0;
-    if (mha_scratch_init(&c.scratch, scratch, items) != MHA_OK)
-        return MHA_ERR_NOMEM;
-    mha_parallel_for(items, attend_item, &c);
-    mha_scratch_free(&c.scratch);
-    return MHA_OK;
+    const mha_attn_plan *p = arg;
+    const mha_attn_args *a = &p->a;
+    const block_at at = locate(p, bi);
+    const int32_t H = a->heads, Sq = a->seq_q, dv = a->dv, C = p->chunks;
+    const int64_t rows = (int64_t)p->head_run * p->row_run;
+    for (int32_t r = 0; r < at.heads * at.rows; r++) {
+        const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
+        const float *lse = p->part_lse + bi * C * rows + r;
+        const float *o = p->part_out + bi * C * rows * dv + (int64_t)r * dv;
+        float *out = a->layout == MHA_LAYOUT_BHSD ? a->out + (((int64_t)at.b * H + h) * Sq + i) * dv
+                                                  : a->out + (((int64_t)at.b * Sq + i) * H + h) * dv;
+        float m = -INFINITY;
+        for (int32_t c = 0; c < C; c++)
+            m = isnan(lse[c * rows]) || lse[c * rows] > m ? lse[c * rows] : m;
+        float total = -INFINITY;
+        memset(out, 0, (size_t)dv * sizeof(float));
+        if (m != -INFINITY) {
+            float sum = 0.0f;
+            for (int32_t c = 0; c < C; c++) {
+                const float w = expf(lse[c * rows] - m);
+                sum += w;
+                for (int32_t d = 0; d < dv; d++)
+                    out[d] += w * o[c * rows * dv + d];
+            }
+            total = m + logf(sum);
+            const float den = a->mask && a->mask->sinks ? sum + expf(a->mask->sinks[h] - m) : sum;
+            for (int32_t d = 0; d < dv; d++)
+                out[d] /= den;
+        }
+        if (a->lse)
+            a->lse[((int64_t)at.b * H + h) * Sq + i] = total;
+    }
+}
+
+void mha_attention_exec(mha_attn_plan *p)
+{
+    mha_parallel_for(p->blocks * p->chunks, attend_item, p);
+    if (p->chunks > 1)
+        mha_parallel_for(p->blocks, merge_item, p);
+    mha_attention_release(p);
+}
+
+mha_status mha_attention_run(const mha_kernels *kt, const mha_attn_args *a)
+{
+    mha_attn_plan p;
+    const mha_status st = mha_attention_prepare(kt, a, &p);
+    if (st == MHA_OK)
+        mha_attention_exec(&p);
+    return st;
 }

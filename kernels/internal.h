@@ -30,33 +30,58 @@ static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
     return (size_t)((n + nr - 1) / nr) * (size_t)nr * (size_t)k;
 }
 
-/* One attention block: `rows` query rows of one (b, h) against all keys of its
- * kv head. Row r reads q + r*q_stride (head_dim floats), sees keys j < kv_end[r]
- * (0 <= kv_end[r] <= seq_kv) with the additive bias (bias + r*bias_stride)[j]
- * when bias is not NULL, and writes
- *     out[r] = sum_j p_j v_j,  p = softmax_j(scale * q[r].k[j] + bias[r][j])
- * at out + r*out_stride. Key j is hidden from row r when j >= kv_end[r] or its
- * score is -inf (a -INFINITY bias, whatever q.k is): nothing of a hidden key
- * (k, v, bias) may reach the row; a NaN or Inf of a visible one flows through
- * IEEE arithmetic. A row with no visible key gets zeros. k and v are
- * [seq_kv][head_dim], contiguous.
- * Each row's result must not depend on the other rows of the block, so that
- * blocking (and thus the thread count) never changes a bit of the output.
+/* One attention block: `rows` query rows against the keys of one kv head. The
+ * rows come in groups of group_rows (one group per query head sharing the kv
+ * head, GQA); row r is row r % group_rows of group r / group_rows, and every
+ * per-row pointer below adds mha_row_offset(blk, r, stride, group_stride).
+ *
+ * Row r reads its query at q (+ q_stride, q_group_stride; dk floats) and sees
+ * the keys kv_begin[r] <= j < kv_end[r] (kv_begin NULL: 0; 0 <= kv_begin[r],
+ * kv_end[r] <= seq_kv), key j's row at k + j*k_stride (dk floats) and its value
+ * at v + j*v_stride (dv floats). Its scores, in this order:
+ *     s = scale * q.k_j
+ *     s = softcap * tanh(s / softcap)              when softcap > 0
+ *     s = s + bias[j]                              bias row at bias (+ bias_stride,
+ *                                                  bias_group_stride), when not NULL
+ *     s = s + alibi_slope[r] * (float)(j - alibi_pos[r])   when alibi_slope is not NULL
+ * and it writes, at out (+ out_stride, out_group_stride; dv floats),
+ *     out = sum_j p_j v_j / (sum_j p_j + exp(sink[r] - m)),  p_j = exp(s_j - m)
+ * over its visible keys, m their largest score, the sink term only when sink is
+ * not NULL. A key whose score is -inf (a -INFINITY bias, whatever q.k is) is
+ * hidden too: nothing of a hidden key (k, v, bias) may reach the row; a NaN or
+ * Inf of a visible one flows through IEEE arithmetic. A row with no visible key
+ * gets zeros. lse, when not NULL, gets lse[r] = m + log(sum_j p_j) (the sink
+ * not included), -INFINITY for a row with no visible key.
+ * A row's result may depend on the block's shape (rows, group_rows, seq_kv,
+ * dk, dv: the driver cuts blocks from the call's shapes alone), never on the
+ * other rows' data, so that the thread count never changes a bit of the output.
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
  * the calling thread's alone: kernels keep their tiles there, not on the stack. */
 typedef struct mha_attn_block {
-    int32_t rows, seq_kv, head_dim;
+    int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
-    int64_t q_stride;
+    int64_t q_stride, q_group_stride;
     const float *k, *v;
-    const int32_t *kv_end;
+    int64_t k_stride, v_stride;
+    const int32_t *kv_begin, *kv_end;
     const float *bias;
-    int64_t bias_stride;
-    float scale;
+    int64_t bias_stride, bias_group_stride;
+    float scale, softcap;
+    const float *alibi_slope;
+    const int32_t *alibi_pos;
+    const float *sink;
     float *out;
-    int64_t out_stride;
+    int64_t out_stride, out_group_stride;
+    float *lse;
     void *scratch;
 } mha_attn_block;
+
+/* Offset of row r of a block along a tensor with the given row and group strides. */
+static inline int64_t mha_row_offset(const mha_attn_block *blk, int32_t r, int64_t stride,
+                                     int64_t group_stride)
+{
+    return (int64_t)(r / blk->group_rows) * group_stride + (int64_t)(r % blk->group_rows) * stride;
+}
 
 /* The largest matrix the driver hands to a transpose kernel: an L2 tile. */
 #define MHA_TRANSPOSE_TILE_BYTES (1 << 18)
@@ -176,11 +201,44 @@ typedef struct mha_gemm_seg {
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs);
 
-/* drive_attention.c: the attention over all (b, h) with checked arguments;
- * MHA_ERR_NOMEM (out untouched) when the kernels' scratch cannot be had. */
-mha_status mha_attention_run(const mha_kernels *kt, const mha_attn_dims *d, const float *q,
-                             const float *k, const float *v, float scale,
-                             const mha_mask *mask, float *out, mha_layout layout);
+/* drive_attention.c: an attention call, checked. q is [B][heads][seq_q][dk]; the K
+ * row of key j of sequence b and kv head g is at k + b*k_stride_b + g*k_stride_h +
+ * j*k_stride_s (dk floats), V alike (dv floats). Sequence b has lens[b] keys
+ * (lens NULL: seq_kv each), row i sitting at position keys - seq_q + i; seq_kv
+ * bounds every key index (the bias extent). out as mha_attention, lse NULL or
+ * [B][heads][seq_q]. */
+typedef struct mha_attn_args {
+    int32_t batch, heads, kv_heads, seq_q, seq_kv, dk, dv;
+    const int32_t *lens;
+    const float *q, *k, *v;
+    int64_t k_stride_b, k_stride_h, k_stride_s, v_stride_b, v_stride_h, v_stride_s;
+    float scale;
+    const mha_mask *mask;
+    float *out;
+    mha_layout layout;
+    float *lse;
+} mha_attn_args;
+
+/* How a call is cut: blocks of head_run heads x row_run rows, each against
+ * `chunks` chunks of chunk_len keys, with the memory that needs. */
+typedef struct mha_attn_plan {
+    const mha_kernels *kt;
+    mha_attn_args a;
+    int32_t head_run, row_run, qblocks, hgroups, chunks, chunk_len;
+    int64_t blocks;
+    mha_scratch scratch;
+    float *part_out, *part_lse; /* per chunk, when chunks > 1 */
+} mha_attn_plan;
+
+/* Cuts the call and allocates all it needs (MHA_ERR_NOMEM, nothing allocated,
+ * when that fails), so that a caller can check it before writing anything;
+ * exec runs it and releases the plan, release only releases it. */
+mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a,
+                                 mha_attn_plan *p);
+void mha_attention_exec(mha_attn_plan *p);
+void mha_attention_release(mha_attn_plan *p);
+/* prepare then exec. */
+mha_status mha_attention_run(const mha_kernels *kt, const mha_attn_args *a);
 
 /* drive_transpose.c: per-batch in-place transpose of rows x cols elements of elem floats;
  * MHA_ERR_NOMEM (x untouched) when the scratch cannot be allocated. */

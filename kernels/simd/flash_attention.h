@@ -6,10 +6,10 @@
  * under its own names:
  *
  *   QK_KEYS x QK_ROWS   score tile: st[j][r] (+)= sum_d K[j][d] qt[d][r] over a
- *                       head_dim chunk, QK_ROWS a multiple of VF_LANES
+ *                       dk chunk, QK_ROWS a multiple of VF_LANES
  *       qk_tile(dc, kp[QK_KEYS], qt, rp, st, accumulate)
  *   PV_ROWS x PV_COLS   o[i] = alpha[i] o[i] + sum_j p[j*pp + i] v[j] for PV_ROWS
- *                       rows, storing the first `valid` (the last head_dim % PV_COLS
+ *                       rows, storing the first `valid` (the last dv % PV_COLS
  *                       columns go through pv_tail below, VF_LANES at a time)
  *       pv_tile(jn, p, pp, v, ldv, o[PV_ROWS], alpha[PV_ROWS], valid)
  *   BC                  keys per tile, a multiple of QK_KEYS
@@ -19,11 +19,16 @@
  * Layout. Q is packed once per pass transposed and scaled, qt[d][r] (rows padded
  * with zeros to a multiple of QK_ROWS), so the score tile is computed
  * transposed, broadcasting K straight from memory: no per-tile packing of K.
+ * A pass of at most DOT_ROWS rows (decode: the query heads of one kv head, a row
+ * or a few each) would waste most of those row lanes; it takes dot products
+ * along dk instead, each K row loaded once for all the pass's rows.
  * Vectors run across query rows, so the softmax statistics m and l are vectors
  * too and need no horizontal reductions. P.V broadcasts p from st and loads V
- * rows straight from memory; the output rows are the accumulator. head_dim is
+ * rows straight from memory; the output rows are the accumulator. dk is
  * cut in chunks for the packed Q (resuming each FMA chain from the stored
- * partial sum keeps every bit), so the pass has a fixed size for any head_dim.
+ * partial sum keeps every bit), so the pass has a fixed size for any dk.
+ * K and V rows are read through their strides (a KV cache in place), dk wide
+ * for the scores and dv wide for P.V and the output.
  *
  * Non-finite data, the same on every ISA and in the scalar reference: a key is
  * hidden from a row past its kv_end or when its score is -inf (a -INFINITY
@@ -36,8 +41,9 @@
  * -0.0f and skipped row by row.
  *
  * Determinism: every row's arithmetic (the FMA chain over d, the order of the
- * keys, the exp, the sums over j in one lane) is the same whatever the other
- * rows of the block are; keys a row does not see add exact zeros, and a tile
+ * keys, the exp, the sums over j in one lane) depends on the pass's size (which
+ * path scores it), never on the other rows' data; keys a row does not see add
+ * exact zeros, and a tile
  * that a row does not see at all leaves its m, l and O untouched (alpha is
  * exp(0) = 1 exactly), so skipping it for the whole block changes nothing. */
 #ifndef MHA_SIMD_FLASH_ATTENTION_H
@@ -48,20 +54,21 @@
 #include "internal.h"
 
 enum {
-    QT_FLOATS = 128 * RB,      /* packed Q^T: head_dim chunks of QT_FLOATS / padded rows */
+    QT_FLOATS = 128 * RB,      /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
     KV_L2_FLOATS = 128 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
+    DOT_ROWS = QK_ROWS / 2,    /* passes of at most this many rows score by dot products */
 };
 _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
                    && QK_ROWS % VF_LANES == 0 && RB % VF_LANES == 0,
                "tile sizes of the ISA's attention");
 
 /* Rows per pass: RB_L2 keep a pass's tiles in L1 when K and V come from L2;
- * when they stream from further away, RB rows cut that traffic (if head_dim
+ * when they stream from further away, RB rows cut that traffic (if dk
  * still fits one chunk of the packed Q). Results do not depend on this choice. */
 static int32_t pass_rows(const mha_attn_block *blk)
 {
-    const int64_t kv = 2 * (int64_t)blk->seq_kv * blk->head_dim;
-    return kv > KV_L2_FLOATS && blk->head_dim <= QT_FLOATS / RB ? RB : RB_L2;
+    const int64_t kv = (int64_t)blk->seq_kv * (blk->dk + blk->dv);
+    return kv > KV_L2_FLOATS && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
 }
 
 /* exp over an array, in vectors then a masked tail. */
@@ -77,13 +84,15 @@ static void simd_exp_array(const float *x, float *y, int64_t n)
 /* The state of one pass over up to RB query rows: the block's scratch. */
 typedef struct pass {
     const mha_attn_block *blk;
-    int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st) */
-    int32_t dc;      /* head_dim chunk: QT_FLOATS / rp */
-    const float *q;  /* row 0 of the pass */
-    const float *bias;
-    float *out;
+    int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st),
+                        or of VF_LANES for dot products */
+    int32_t dc;      /* dk chunk of the packed Q^T: QT_FLOATS / rp */
+    int dot;         /* scores by dot products along dk; qt holds scale * q row by row */
+    int bias_shared; /* every row reads the same bias row */
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
+    const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
+    float *out[RB];
     _Alignas(64) int32_t ke[RB]; /* kv_end, 0 for padding rows */
     _Alignas(64) float m[RB], l[RB], alpha[RB];
     _Alignas(64) float qt[QT_FLOATS];
@@ -102,7 +111,7 @@ static void pack_qt(pass *ps, int32_t d0, int32_t dc)
             const int32_t n = dc - d < VF_LANES ? dc - d : VF_LANES;
             vf a[VF_LANES];
             for (int32_t i = 0; i < VF_LANES; i++) {
-                const float *qr = ps->q + (r0 + i) * ps->blk->q_stride + d0 + d;
+                const float *qr = ps->q[r0 + i < ps->nr ? r0 + i : 0] + d0 + d;
                 a[i] = r0 + i >= ps->nr ? vf_zero()
                        : n == VF_LANES  ? vf_mul(scale, vf_loadu(qr))
                                         : vf_mul(scale, vf_loadu_n(qr, n));
@@ -117,7 +126,7 @@ static void pack_qt(pass *ps, int32_t d0, int32_t dc)
 static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
 {
     for (int32_t r = 0; r < ps->nr; r++) {
-        const float *b = ps->bias + r * ps->blk->bias_stride + j0;
+        const float *b = ps->bias[r] + j0;
         const int32_t n = ps->ke[r] - j0 < jn ? ps->ke[r] - j0 : jn;
         for (int32_t j = 0; j < n; j++)
             if (b[j] != -INFINITY)
@@ -126,14 +135,16 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
     return 0;
 }
 
-/* Asks for K and V of keys [j0, j1) in L2 (both contiguous), so that the next
- * tile does not wait on memory when K and V are larger than the caches. */
+/* Asks for K and V of keys [j0, j1) in L2, so that the next tile does not wait
+ * on memory when K and V are larger than the caches. */
 static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
 {
-    const int64_t end = (int64_t)j1 * blk->head_dim;
-    for (int64_t i = (int64_t)j0 * blk->head_dim; i < end; i += 16) {
-        __builtin_prefetch(blk->k + i, 0, 2);
-        __builtin_prefetch(blk->v + i, 0, 2);
+    for (int64_t j = j0; j < j1; j++) {
+        const float *k = blk->k + j * blk->k_stride, *v = blk->v + j * blk->v_stride;
+        for (int32_t d = 0; d < blk->dk; d += 16)
+            __builtin_prefetch(k + d, 0, 2);
+        for (int32_t d = 0; d < blk->dv; d += 16)
+            __builtin_prefetch(v + d, 0, 2);
     }
 }
 
@@ -146,13 +157,13 @@ static int32_t keys_seen(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int
     return end - j0 < jn ? end - j0 : jn;
 }
 
-/* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of head_dim. A row
+/* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of dk. A row
  * group skips the key groups that none of its rows sees, which trims the
  * causal diagonal; their entries get -inf (the softmax masks them anyway, but
  * they are never left uninitialized). */
 static void scores(pass *ps, int32_t j0, int32_t jn)
 {
-    const int32_t dh = ps->blk->head_dim;
+    const int32_t dh = ps->blk->dk;
     for (int32_t d0 = 0; d0 < dh; d0 += ps->dc) {
         const int32_t dc = dh - d0 < ps->dc ? dh - d0 : ps->dc;
         if (dh > ps->dc)
@@ -160,7 +171,8 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
         for (int32_t jg = 0; jg < jn; jg += QK_KEYS) {
             const float *kp[QK_KEYS];
             for (int i = 0; i < QK_KEYS; i++) /* keys past the tile repeat its last one */
-                kp[i] = ps->blk->k + (int64_t)(j0 + (jg + i < jn ? jg + i : jn - 1)) * dh + d0;
+                kp[i] = ps->blk->k + (int64_t)(j0 + (jg + i < jn ? jg + i : jn - 1)) * ps->blk->k_stride
+                        + d0;
             for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
                 float *st = ps->st + jg * ps->rp + rg;
                 if (jg < keys_seen(ps, rg, rg + QK_ROWS, j0, jn))
@@ -170,6 +182,65 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                         for (int32_t c = 0; c < QK_ROWS; c += VF_LANES)
                             vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
             }
+        }
+    }
+}
+
+/* qt[r][d] = scale * q[r][d] row by row, for the dot products. */
+static void pack_q_rows(pass *ps)
+{
+    const int32_t dk = ps->blk->dk;
+    const vf scale = vf_set1(ps->blk->scale);
+    for (int32_t r = 0; r < ps->nr; r++) {
+        float *dst = ps->qt + (int64_t)r * dk;
+        int32_t d = 0;
+        for (; d + VF_LANES <= dk; d += VF_LANES)
+            vf_storeu(dst + d, vf_mul(scale, vf_loadu(ps->q[r] + d)));
+        if (d < dk)
+            vf_storeu_n(dst + d, dk - d, vf_mul(scale, vf_loadu_n(ps->q[r] + d, dk - d)));
+    }
+}
+
+/* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows: lane-wise partial
+ * sums along dk, then one horizontal sum per score. Rows go four at a time so
+ * that each K vector is loaded once for four rows; a row's arithmetic is the
+ * same in any of the four slots. Keys no row sees are not read (-inf). */
+static void scores_dot(pass *ps, int32_t j0, int32_t jn)
+{
+    const mha_attn_block *blk = ps->blk;
+    const int32_t dk = blk->dk, nr = ps->nr, tail = dk % VF_LANES;
+    const int32_t jv = keys_seen(ps, 0, nr, j0, jn);
+    for (int32_t j = 0; j < jn; j++) {
+        float *st = ps->st + j * ps->rp;
+        if (j >= jv) {
+            for (int32_t r = 0; r < nr; r++)
+                st[r] = -INFINITY;
+            continue;
+        }
+        const float *k = blk->k + (int64_t)(j0 + j) * blk->k_stride;
+        for (int32_t r = 0; r < nr; r += 4) {
+            const float *q[4];
+            for (int i = 0; i < 4; i++)
+                q[i] = ps->qt + (int64_t)(r + i < nr ? r + i : r) * dk;
+            vf a0 = vf_zero(), a1 = a0, a2 = a0, a3 = a0;
+            int32_t d = 0;
+            for (; d + VF_LANES <= dk; d += VF_LANES) {
+                const vf kv = vf_loadu(k + d);
+                a0 = vf_fmadd(vf_loadu(q[0] + d), kv, a0);
+                a1 = vf_fmadd(vf_loadu(q[1] + d), kv, a1);
+                a2 = vf_fmadd(vf_loadu(q[2] + d), kv, a2);
+                a3 = vf_fmadd(vf_loadu(q[3] + d), kv, a3);
+            }
+            if (tail) {
+                const vf kv = vf_loadu_n(k + d, tail);
+                a0 = vf_fmadd(vf_loadu_n(q[0] + d, tail), kv, a0);
+                a1 = vf_fmadd(vf_loadu_n(q[1] + d, tail), kv, a1);
+                a2 = vf_fmadd(vf_loadu_n(q[2] + d, tail), kv, a2);
+                a3 = vf_fmadd(vf_loadu_n(q[3] + d, tail), kv, a3);
+            }
+            const float s[4] = {vf_hsum(a0), vf_hsum(a1), vf_hsum(a2), vf_hsum(a3)};
+            for (int i = 0; i < 4 && r + i < nr; i++)
+                st[r + i] = s[i];
         }
     }
 }
@@ -194,12 +265,11 @@ static inline float biased1(float s, float b, int *hides)
  * VF_LANES x VF_LANES blocks are transposed in registers. */
 static void add_bias(pass *ps, int32_t j0, int32_t jn)
 {
-    const int64_t bs = ps->blk->bias_stride;
     vm hides = vm_none();
     int hides1 = 0;
-    if (bs == 0) {
+    if (ps->bias_shared) {
         for (int32_t j = 0; j < jn; j++) {
-            const vf b = vf_set1(ps->bias[j0 + j]);
+            const vf b = vf_set1(ps->bias[0][j0 + j]);
             float *s = ps->st + j * ps->rp;
             for (int32_t r = 0; r < ps->nr; r += VF_LANES)
                 vf_store(s + r, biased(vf_load(s + r), b, &hides));
@@ -209,12 +279,12 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
     }
     int32_t rg = 0;
     for (; rg + VF_LANES <= ps->nr; rg += VF_LANES) {
-        const float *b = ps->bias + rg * bs + j0;
+        const float *const *b = ps->bias + rg;
         int32_t j = 0;
         for (; j + VF_LANES <= jn; j += VF_LANES) {
             vf a[VF_LANES];
             for (int i = 0; i < VF_LANES; i++)
-                a[i] = vf_loadu(b + i * bs + j);
+                a[i] = vf_loadu(b[i] + j0 + j);
             vf_transpose(a);
             for (int i = 0; i < VF_LANES; i++) {
                 float *s = ps->st + (j + i) * ps->rp + rg;
@@ -224,13 +294,13 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
         for (; j < jn; j++)
             for (int32_t i = 0; i < VF_LANES; i++) {
                 float *s = &ps->st[j * ps->rp + rg + i];
-                *s = biased1(*s, b[i * bs + j], &hides1);
+                *s = biased1(*s, b[i][j0 + j], &hides1);
             }
     }
     for (int32_t r = rg; r < ps->nr; r++)
         for (int32_t j = 0; j < jn; j++) {
             float *s = &ps->st[j * ps->rp + r];
-            *s = biased1(*s, ps->bias[r * bs + j0 + j], &hides1);
+            *s = biased1(*s, ps->bias[r][j0 + j], &hides1);
         }
     ps->bias_hides = hides1 || !vm_empty(hides);
 }
@@ -238,14 +308,16 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
 /* Are V's rows [j0, j0 + jn) all finite? (x * 0 is 0 for finite x, NaN otherwise.) */
 static int v_finite(const mha_attn_block *blk, int32_t j0, int32_t jn)
 {
-    const float *v = blk->v + (int64_t)j0 * blk->head_dim;
-    const int64_t n = (int64_t)jn * blk->head_dim;
+    const int32_t dv = blk->dv;
     vf acc = vf_zero();
-    int64_t i = 0;
-    for (; i + VF_LANES <= n; i += VF_LANES)
-        acc = vf_fmadd(vf_loadu(v + i), vf_zero(), acc);
-    if (i < n)
-        acc = vf_fmadd(vf_loadu_n(v + i, (int32_t)(n - i)), vf_zero(), acc);
+    for (int64_t j = j0; j < j0 + jn; j++) {
+        const float *v = blk->v + j * blk->v_stride;
+        int32_t d = 0;
+        for (; d + VF_LANES <= dv; d += VF_LANES)
+            acc = vf_fmadd(vf_loadu(v + d), vf_zero(), acc);
+        if (d < dv)
+            acc = vf_fmadd(vf_loadu_n(v + d, dv - d), vf_zero(), acc);
+    }
     return vm_all(vf_eq(acc, acc));
 }
 
@@ -309,7 +381,7 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
     }
 }
 
-/* pv_tile for the first `cols` (1..VF_LANES) columns: head_dim tails. */
+/* pv_tile for the first `cols` (1..VF_LANES) columns: dv tails. */
 static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
                     float *const o[PV_ROWS], const vf alpha[PV_ROWS], int valid, int32_t cols)
 {
@@ -329,8 +401,9 @@ static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int6
  * the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
 static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
 {
-    const int32_t dh = ps->blk->head_dim;
-    float *o = ps->out + r * ps->blk->out_stride;
+    const int32_t dh = ps->blk->dv;
+    const int64_t ldv = ps->blk->v_stride;
+    float *o = ps->out[r];
     const vf alpha = vf_set1(ps->alpha[r]);
     for (int32_t d = 0; d < dh; d += VF_LANES) {
         const int32_t n = dh - d < VF_LANES ? dh - d : VF_LANES;
@@ -339,7 +412,7 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
             const float p = ps->st[j * ps->rp + r];
             if (p == 0.0f && signbit(p))
                 continue;
-            acc = vf_fmadd(vf_set1(p), vf_loadu_n(v + (int64_t)j * dh + d, n), acc);
+            acc = vf_fmadd(vf_set1(p), vf_loadu_n(v + j * ldv + d, n), acc);
         }
         vf_storeu_n(o + d, n, acc);
     }
@@ -350,8 +423,9 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
  * that sees none of the tile keeps O (alpha is 1 or O is 0). */
 static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
 {
-    const int32_t dh = ps->blk->head_dim;
-    const float *v = ps->blk->v + (int64_t)j0 * dh;
+    const int32_t dh = ps->blk->dv;
+    const int64_t ldv = ps->blk->v_stride;
+    const float *v = ps->blk->v + j0 * ldv;
     for (int32_t rg = 0; rg < ps->nr; rg += PV_ROWS) {
         const int valid = ps->nr - rg < PV_ROWS ? ps->nr - rg : PV_ROWS;
         const int32_t jv = keys_seen(ps, rg, rg + valid, j0, jn);
@@ -368,7 +442,7 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
         vf alpha[PV_ROWS];
         for (int i = 0; i < PV_ROWS; i++) { /* rows past the pass repeat its last one */
             const int32_t r = i < valid ? rg + i : ps->nr - 1;
-            o[i] = ps->out + r * ps->blk->out_stride;
+            o[i] = ps->out[r];
             alpha[i] = vf_set1(ps->alpha[r]);
         }
         if (valid < PV_ROWS) {
@@ -384,12 +458,12 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
         for (; d + PV_COLS <= dh; d += PV_COLS) {
             for (int i = 0; i < PV_ROWS; i++)
                 od[i] = o[i] + d;
-            pv_tile(jv, p, pp, v + d, dh, od, alpha, valid);
+            pv_tile(jv, p, pp, v + d, ldv, od, alpha, valid);
         }
         for (; d < dh; d += VF_LANES) {
             for (int i = 0; i < PV_ROWS; i++)
                 od[i] = o[i] + d;
-            pv_tail(jv, p, pp, v + d, dh, od, alpha, valid, dh - d < VF_LANES ? dh - d : VF_LANES);
+            pv_tail(jv, p, pp, v + d, ldv, od, alpha, valid, dh - d < VF_LANES ? dh - d : VF_LANES);
         }
     }
 }
@@ -397,13 +471,21 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
 static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 {
     pass *ps = blk->scratch;
-    const int32_t dh = blk->head_dim;
+    const int32_t dk = blk->dk, dv = blk->dv;
     ps->blk = blk;
     ps->nr = nr;
-    ps->rp = (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
-    ps->q = blk->q + r0 * blk->q_stride;
-    ps->bias = blk->bias ? blk->bias + r0 * blk->bias_stride : NULL;
-    ps->out = blk->out + r0 * blk->out_stride;
+    ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
+    ps->rp = ps->dot ? (nr + VF_LANES - 1) / VF_LANES * VF_LANES
+                     : (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
+    ps->bias_shared = blk->bias != NULL;
+    for (int32_t r = 0; r < nr; r++) {
+        ps->q[r] = blk->q + mha_row_offset(blk, r0 + r, blk->q_stride, blk->q_group_stride);
+        ps->out[r] = blk->out + mha_row_offset(blk, r0 + r, blk->out_stride, blk->out_group_stride);
+        ps->bias[r] = blk->bias ? blk->bias + mha_row_offset(blk, r0 + r, blk->bias_stride,
+                                                             blk->bias_group_stride)
+                                : NULL;
+        ps->bias_shared &= ps->bias[r] == ps->bias[0];
+    }
 
     int32_t jmax = 0;
     ps->ke_min = INT32_MAX;
@@ -415,27 +497,31 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->l[r] = 0.0f;
     }
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
-        float *o = ps->out + r * blk->out_stride;
         int32_t d = 0;
-        for (; d + VF_LANES <= dh; d += VF_LANES)
-            vf_storeu(o + d, vf_zero());
-        if (d < dh)
-            vf_storeu_n(o + d, dh - d, vf_zero());
+        for (; d + VF_LANES <= dv; d += VF_LANES)
+            vf_storeu(ps->out[r] + d, vf_zero());
+        if (d < dv)
+            vf_storeu_n(ps->out[r] + d, dv - d, vf_zero());
     }
     ps->dc = QT_FLOATS / ps->rp;
-    if (dh <= ps->dc)
-        pack_qt(ps, 0, dh);
+    if (ps->dot)
+        pack_q_rows(ps);
+    else if (dk <= ps->dc)
+        pack_qt(ps, 0, dk);
 
-    /* Keys past the block's last visible one are never read. */
+    /* Keys past the pass's last visible one are never read. */
     for (int32_t j0 = 0; j0 < jmax; j0 += BC) {
         const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
-        if (ps->bias && !tile_visible(ps, j0, jn))
+        if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
         if (j0 + jn < jmax)
             prefetch_tile(blk, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
-        scores(ps, j0, jn);
+        if (ps->dot)
+            scores_dot(ps, j0, jn);
+        else
+            scores(ps, j0, jn);
         ps->bias_hides = 0;
-        if (ps->bias)
+        if (blk->bias)
             add_bias(ps, j0, jn);
         /* Some row hides a key of the tile that another row sees. */
         const int hides = ps->ke_min < j0 + jn || ps->bias_hides;
@@ -444,17 +530,21 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         pv(ps, j0, jn, careful);
     }
 
-    /* O /= l; rows that saw no key have l = 0 and O = 0 and stay zeros. */
+    /* O /= l (+ exp(sink - m)); rows that saw no key have l = 0 and O = 0 and
+       stay zeros, with lse -inf. */
     for (int32_t r = 0; r < nr; r++) {
-        if (ps->l[r] == 0.0f)
+        const float l = ps->l[r];
+        if (blk->lse)
+            blk->lse[r0 + r] = l == 0.0f ? -INFINITY : ps->m[r] + logf(l);
+        if (l == 0.0f)
             continue;
-        float *o = ps->out + r * blk->out_stride;
-        const vf l = vf_set1(ps->l[r]);
+        const vf den = vf_set1(blk->sink ? l + expf(blk->sink[r0 + r] - ps->m[r]) : l);
+        float *o = ps->out[r];
         int32_t d = 0;
-        for (; d + VF_LANES <= dh; d += VF_LANES)
-            vf_storeu(o + d, vf_div(vf_loadu(o + d), l));
-        if (d < dh)
-            vf_storeu_n(o + d, dh - d, vf_div(vf_loadu_n(o + d, dh - d), l));
+        for (; d + VF_LANES <= dv; d += VF_LANES)
+            vf_storeu(o + d, vf_div(vf_loadu(o + d), den));
+        if (d < dv)
+            vf_storeu_n(o + d, dv - d, vf_div(vf_loadu_n(o + d, dv - d), den));
     }
 }
 
