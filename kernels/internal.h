@@ -121,6 +121,10 @@ typedef struct mha_kernels {
      * gives 0. NULL for the scalar reference, which calls expf. */
     void (*exp_array)(const float *x, float *y, int64_t n);
     int32_t exp_ulp;
+    /* The vector tanh of the softcap: y[i] = tanh(x[i]) within tanh_ulp ulp of
+     * tanhf (checked by tests/test_exp.c); NULL for the scalar reference. */
+    void (*tanh_array)(const float *x, float *y, int64_t n);
+    int32_t tanh_ulp;
 } mha_kernels;
 
 /* The kernels of each ISA, named <what>__<isa>; their tables are in <isa>/table.c. */
@@ -137,6 +141,7 @@ size_t mha_attn_scratch_bytes__avx2(void);
 size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 void mha_exp_array__avx2(const float *x, float *y, int64_t n);
+void mha_tanh_array__avx2(const float *x, float *y, int64_t n);
 
 void mha_gemm_12x32__avx512(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                             float *tile);
@@ -145,6 +150,7 @@ size_t mha_attn_scratch_bytes__avx512(void);
 size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx512(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 void mha_exp_array__avx512(const float *x, float *y, int64_t n);
+void mha_tanh_array__avx512(const float *x, float *y, int64_t n);
 
 void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);

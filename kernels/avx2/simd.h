@@ -46,6 +46,11 @@ static inline int vm_empty(vm m) { return _mm256_movemask_ps(m) == 0; }
 static inline vm vm_none(void) { return _mm256_setzero_ps(); }
 static inline vm vm_or(vm a, vm b) { return _mm256_or_ps(a, b); }
 static inline vf vf_select(vm m, vf if_set, vf if_clear) { return _mm256_blendv_ps(if_clear, if_set, m); }
+static inline vm vm_andnot(vm a, vm b) { return _mm256_andnot_ps(b, a); } /* a and not b */
+static inline vm vf_lt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+static inline vf vf_abs(vf x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+/* |mag| with the sign of sgn, for mag >= 0. */
+static inline vf vf_copysign(vf mag, vf sgn) { return _mm256_or_ps(mag, _mm256_and_ps(sgn, _mm256_set1_ps(-0.0f))); }
 
 /* exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2 (n = x log2(e) rounded by
  * the 1.5*2^23 trick; Cody-Waite: ln2 split in a 9-bit head and a tail), then

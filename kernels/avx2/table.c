@@ -18,4 +18,6 @@ const mha_kernels mha_kernels_avx2 = {
     .transpose = mha_transpose__avx2,
     .exp_array = mha_exp_array__avx2,
     .exp_ulp = 1,
+    .tanh_array = mha_tanh_array__avx2,
+    .tanh_ulp = 3,
 };

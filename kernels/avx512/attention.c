@@ -128,3 +128,8 @@ void mha_exp_array__avx512(const float *x, float *y, int64_t n)
 {
     simd_exp_array(x, y, n);
 }
+
+void mha_tanh_array__avx512(const float *x, float *y, int64_t n)
+{
+    simd_tanh_array(x, y, n);
+}

@@ -38,6 +38,11 @@ static inline int vm_empty(vm m) { return m == 0; }
 static inline vm vm_none(void) { return 0; }
 static inline vm vm_or(vm a, vm b) { return a | b; }
 static inline vf vf_select(vm m, vf if_set, vf if_clear) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
+static inline vm vm_andnot(vm a, vm b) { return (vm)(a & ~b); } /* a and not b */
+static inline vm vf_lt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+static inline vf vf_abs(vf x) { return _mm512_abs_ps(x); }
+/* |mag| with the sign of sgn, for mag >= 0. */
+static inline vf vf_copysign(vf mag, vf sgn) { return _mm512_or_ps(mag, _mm512_and_ps(sgn, _mm512_set1_ps(-0.0f))); }
 
 /* exp(x) for x <= 0 in 12 operations: x = n ln2 + r with n = round(x log2(e))
  * (vrndscaleps) and |r| <= ln2/2 (Cody-Waite: ln2 in a 9-bit head and a tail),

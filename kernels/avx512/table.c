@@ -20,4 +20,6 @@ const mha_kernels mha_kernels_avx512 = {
     .transpose = mha_transpose__avx512,
     .exp_array = mha_exp_array__avx512,
     .exp_ulp = 1,
+    .tanh_array = mha_tanh_array__avx512,
+    .tanh_ulp = 3,
 };

@@ -81,6 +81,35 @@ static void simd_exp_array(const float *x, float *y, int64_t n)
         vf_storeu_n(y + i, (int32_t)(n - i), vf_exp(vf_loadu_n(x + i, (int32_t)(n - i))));
 }
 
+/* tanh(x): for |x| < 0.25 the odd Taylor polynomial of degree 11 (truncation
+ * below 1e-8 relative), else (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.61,
+ * where 1 - e >= 0.39 loses at most 1.3 bits to cancellation; the sign is put
+ * back last. tanh(+-inf) = +-1, NaN stays NaN. Measured against tanhf over the
+ * floats of [-20, 20] (tests/test_exp.c): at most tanh_ulp of the table. */
+static inline vf vf_tanh(vf x)
+{
+    const vf a = vf_abs(x), one = vf_set1(1.0f);
+    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), a));
+    const vf big = vf_div(vf_sub(one, e), vf_add(one, e));
+    const vf a2 = vf_mul(a, a);
+    vf p = vf_set1(-1382.0f / 155925.0f);
+    p = vf_fmadd(p, a2, vf_set1(62.0f / 2835.0f));
+    p = vf_fmadd(p, a2, vf_set1(-17.0f / 315.0f));
+    p = vf_fmadd(p, a2, vf_set1(2.0f / 15.0f));
+    p = vf_fmadd(p, a2, vf_set1(-1.0f / 3.0f));
+    const vf small = vf_fmadd(vf_mul(p, a2), a, a);
+    return vf_copysign(vf_select(vf_lt(a, vf_set1(0.25f)), small, big), x);
+}
+
+static void simd_tanh_array(const float *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + VF_LANES <= n; i += VF_LANES)
+        vf_storeu(y + i, vf_tanh(vf_loadu(x + i)));
+    if (i < n)
+        vf_storeu_n(y + i, (int32_t)(n - i), vf_tanh(vf_loadu_n(x + i, (int32_t)(n - i))));
+}
+
 /* The state of one pass over up to RB query rows: the block's scratch. */
 typedef struct pass {
     const mha_attn_block *blk;
@@ -90,10 +119,12 @@ typedef struct pass {
     int dot;         /* scores by dot products along dk; qt holds scale * q row by row */
     int bias_shared; /* every row reads the same bias row */
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
+    int32_t kb_max;  /* the largest kv_begin of the pass's rows */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];
-    _Alignas(64) int32_t ke[RB]; /* kv_end, 0 for padding rows */
+    _Alignas(64) int32_t kb[RB], ke[RB]; /* kv_begin, kv_end; 0 for padding rows */
+    _Alignas(64) float slope[RB], pos[RB]; /* ALiBi: slope and position, as floats */
     _Alignas(64) float m[RB], l[RB], alpha[RB];
     _Alignas(64) float qt[QT_FLOATS];
     _Alignas(64) float st[BC * RB];
@@ -126,10 +157,9 @@ static void pack_qt(pass *ps, int32_t d0, int32_t dc)
 static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
 {
     for (int32_t r = 0; r < ps->nr; r++) {
-        const float *b = ps->bias[r] + j0;
-        const int32_t n = ps->ke[r] - j0 < jn ? ps->ke[r] - j0 : jn;
-        for (int32_t j = 0; j < n; j++)
-            if (b[j] != -INFINITY)
+        const int32_t end = ps->ke[r] < j0 + jn ? ps->ke[r] : j0 + jn;
+        for (int32_t j = ps->kb[r] > j0 ? ps->kb[r] : j0; j < end; j++)
+            if (ps->bias[r][j] != -INFINITY)
                 return 1;
     }
     return 0;
@@ -148,13 +178,22 @@ static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
     }
 }
 
-/* Keys of [j0, j0 + jn) that some row r of [r0, r1) sees: j < kv_end[r]. */
-static int32_t keys_seen(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int32_t jn)
+/* The keys of [j0, j0 + jn) that rows [r0, r1) see lie in [j0 + from, j0 + to):
+ * to is the largest kv_end, from the smallest kv_begin of a row that sees any. */
+static int32_t keys_to(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int32_t jn)
 {
     int32_t end = 0;
     for (int32_t r = r0; r < r1; r++)
         end = ps->ke[r] > end ? ps->ke[r] : end;
     return end - j0 < jn ? end - j0 : jn;
+}
+
+static int32_t keys_from(const pass *ps, int32_t r0, int32_t r1, int32_t j0)
+{
+    int32_t begin = INT32_MAX;
+    for (int32_t r = r0; r < r1; r++)
+        begin = ps->kb[r] < ps->ke[r] && ps->kb[r] < begin ? ps->kb[r] : begin;
+    return begin - j0 > 0 ? begin - j0 : 0;
 }
 
 /* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of dk. A row
@@ -175,7 +214,8 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                         + d0;
             for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
                 float *st = ps->st + jg * ps->rp + rg;
-                if (jg < keys_seen(ps, rg, rg + QK_ROWS, j0, jn))
+                if (jg < keys_to(ps, rg, rg + QK_ROWS, j0, jn)
+                    && jg + QK_KEYS > keys_from(ps, rg, rg + QK_ROWS, j0))
                     qk_tile(dc, kp, ps->qt + rg, ps->rp, st, d0 > 0);
                 else
                     for (int i = 0; i < QK_KEYS; i++)
@@ -209,10 +249,10 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
 {
     const mha_attn_block *blk = ps->blk;
     const int32_t dk = blk->dk, nr = ps->nr, tail = dk % VF_LANES;
-    const int32_t jv = keys_seen(ps, 0, nr, j0, jn);
+    const int32_t jf = keys_from(ps, 0, nr, j0), jt = keys_to(ps, 0, nr, j0, jn);
     for (int32_t j = 0; j < jn; j++) {
         float *st = ps->st + j * ps->rp;
-        if (j >= jv) {
+        if (j < jf || j >= jt) {
             for (int32_t r = 0; r < nr; r++)
                 st[r] = -INFINITY;
             continue;
@@ -321,6 +361,29 @@ static int v_finite(const mha_attn_block *blk, int32_t j0, int32_t jn)
     return vm_all(vf_eq(acc, acc));
 }
 
+/* st = softcap * tanh(st / softcap) over the tile's rows. */
+static void softcap_tile(pass *ps, int32_t jn)
+{
+    const vf cap = vf_set1(ps->blk->softcap), inv = vf_set1(1.0f / ps->blk->softcap);
+    for (int32_t j = 0; j < jn; j++)
+        for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
+            float *sp = ps->st + j * ps->rp + g;
+            vf_store(sp, vf_mul(cap, vf_tanh(vf_mul(vf_load(sp), inv))));
+        }
+}
+
+/* st += slope * (j - pos) for key j of the tile: ALiBi from the slopes. */
+static void alibi_tile(pass *ps, int32_t j0, int32_t jn)
+{
+    for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
+        const vf slope = vf_load(ps->slope + g), pos = vf_load(ps->pos + g);
+        for (int32_t j = 0; j < jn; j++) {
+            float *sp = ps->st + j * ps->rp + g;
+            vf_store(sp, vf_fmadd(slope, vf_sub(vf_set1((float)(j0 + j)), pos), vf_load(sp)));
+        }
+    }
+}
+
 /* The online softmax for one tile, per row (vector lanes across rows):
  *   s_j = (scale q).k_j + bias_j for visible keys, -inf for the others
  *   m' = max(m, max_j s_j);   P_j = exp(s_j - m');   alpha = exp(m - m')
@@ -332,9 +395,9 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const vf ninf = vf_set1(-INFINITY);
     for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
-        const vi ke = vi_load(ps->ke + g);
+        const vi ke = vi_load(ps->ke + g), kb = vi_load(ps->kb + g);
         vf mt = ninf;
-        if (vm_all(vi_gt(ke, j0 + jn - 1))) {
+        if (vm_all(vi_gt(ke, j0 + jn - 1)) && vm_empty(vi_gt(kb, j0))) {
             /* Every row sees the whole tile: four independent chains of max. */
             vf m1 = ninf, m2 = ninf, m3 = ninf;
             int32_t j = 0;
@@ -350,7 +413,8 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
         } else {
             for (int32_t j = 0; j < jn; j++) {
                 float *sp = ps->st + j * ps->rp + g;
-                const vf s = vf_select(vi_gt(ke, j0 + j), vf_load(sp), ninf);
+                const vf s = vf_select(vm_andnot(vi_gt(ke, j0 + j), vi_gt(kb, j0 + j)), vf_load(sp),
+                                       ninf);
                 vf_store(sp, s);
                 mt = vf_max(mt, s);
             }
@@ -397,9 +461,9 @@ static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int6
         vf_storeu_n(o[i], cols, c[i]);
 }
 
-/* The careful P.V of row r: O = alpha O + sum over keys j < jv whose P is not
- * the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
-static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
+/* The careful P.V of row r: O = alpha O + sum over keys js <= j < jv whose P is
+ * not the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
+static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t js, int32_t jv)
 {
     const int32_t dh = ps->blk->dv;
     const int64_t ldv = ps->blk->v_stride;
@@ -408,7 +472,7 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
     for (int32_t d = 0; d < dh; d += VF_LANES) {
         const int32_t n = dh - d < VF_LANES ? dh - d : VF_LANES;
         vf acc = vf_mul(alpha, vf_loadu_n(o + d, n));
-        for (int32_t j = 0; j < jv; j++) {
+        for (int32_t j = js; j < jv; j++) {
             const float p = ps->st[j * ps->rp + r];
             if (p == 0.0f && signbit(p))
                 continue;
@@ -419,8 +483,8 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t jv)
 }
 
 /* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A row group
- * stops at the last key any of its rows sees (P is 0 past it), and a group
- * that sees none of the tile keeps O (alpha is 1 or O is 0). */
+ * runs from the first to the last key any of its rows sees (P is 0 outside),
+ * and a group that sees none of the tile keeps O (alpha is 1 or O is 0). */
 static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const int32_t dh = ps->blk->dv;
@@ -428,15 +492,15 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
     const float *v = ps->blk->v + j0 * ldv;
     for (int32_t rg = 0; rg < ps->nr; rg += PV_ROWS) {
         const int valid = ps->nr - rg < PV_ROWS ? ps->nr - rg : PV_ROWS;
-        const int32_t jv = keys_seen(ps, rg, rg + valid, j0, jn);
-        if (jv <= 0)
+        const int32_t js = keys_from(ps, rg, rg + valid, j0), jv = keys_to(ps, rg, rg + valid, j0, jn);
+        if (jv <= js)
             continue;
         if (careful) {
             for (int32_t r = rg; r < rg + valid; r++)
-                pv_row_careful(ps, r, v, jv);
+                pv_row_careful(ps, r, v, js, jv);
             continue;
         }
-        const float *p = ps->st + rg;
+        const float *p = ps->st + js * ps->rp + rg;
         int32_t pp = ps->rp;
         float *o[PV_ROWS];
         vf alpha[PV_ROWS];
@@ -446,9 +510,9 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
             alpha[i] = vf_set1(ps->alpha[r]);
         }
         if (valid < PV_ROWS) {
-            for (int32_t j = 0; j < jv; j++)
+            for (int32_t j = js; j < jv; j++)
                 for (int i = 0; i < PV_ROWS; i++)
-                    ps->ptail[j * PV_ROWS + i] =
+                    ps->ptail[(j - js) * PV_ROWS + i] =
                         ps->st[j * ps->rp + (i < valid ? rg + i : ps->nr - 1)];
             p = ps->ptail;
             pp = PV_ROWS;
@@ -458,12 +522,13 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
         for (; d + PV_COLS <= dh; d += PV_COLS) {
             for (int i = 0; i < PV_ROWS; i++)
                 od[i] = o[i] + d;
-            pv_tile(jv, p, pp, v + d, ldv, od, alpha, valid);
+            pv_tile(jv - js, p, pp, v + js * ldv + d, ldv, od, alpha, valid);
         }
         for (; d < dh; d += VF_LANES) {
             for (int i = 0; i < PV_ROWS; i++)
                 od[i] = o[i] + d;
-            pv_tail(jv, p, pp, v + d, ldv, od, alpha, valid, dh - d < VF_LANES ? dh - d : VF_LANES);
+            pv_tail(jv - js, p, pp, v + js * ldv + d, ldv, od, alpha, valid,
+                    dh - d < VF_LANES ? dh - d : VF_LANES);
         }
     }
 }
@@ -489,13 +554,19 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 
     int32_t jmax = 0;
     ps->ke_min = INT32_MAX;
+    ps->kb_max = 0;
     for (int32_t r = 0; r < ps->rp; r++) {
         ps->ke[r] = r < nr ? blk->kv_end[r0 + r] : 0;
+        ps->kb[r] = r < nr && blk->kv_begin ? blk->kv_begin[r0 + r] : 0;
         jmax = ps->ke[r] > jmax ? ps->ke[r] : jmax;
         ps->ke_min = r < nr && ps->ke[r] < ps->ke_min ? ps->ke[r] : ps->ke_min;
+        ps->kb_max = ps->kb[r] > ps->kb_max ? ps->kb[r] : ps->kb_max;
+        ps->slope[r] = r < nr && blk->alibi_slope ? blk->alibi_slope[r0 + r] : 0.0f;
+        ps->pos[r] = r < nr && blk->alibi_slope ? (float)blk->alibi_pos[r0 + r] : 0.0f;
         ps->m[r] = -INFINITY;
         ps->l[r] = 0.0f;
     }
+    const int32_t jmin = keys_from(ps, 0, nr, 0);
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
         int32_t d = 0;
         for (; d + VF_LANES <= dv; d += VF_LANES)
@@ -509,8 +580,9 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     else if (dk <= ps->dc)
         pack_qt(ps, 0, dk);
 
-    /* Keys past the pass's last visible one are never read. */
-    for (int32_t j0 = 0; j0 < jmax; j0 += BC) {
+    /* Keys outside the pass's visible range are never read: a window costs
+       its width, not the sequence. */
+    for (int32_t j0 = jmin; j0 < jmax; j0 += BC) {
         const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
         if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
@@ -520,11 +592,15 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             scores_dot(ps, j0, jn);
         else
             scores(ps, j0, jn);
+        if (blk->softcap > 0.0f)
+            softcap_tile(ps, jn);
         ps->bias_hides = 0;
         if (blk->bias)
             add_bias(ps, j0, jn);
+        if (blk->alibi_slope)
+            alibi_tile(ps, j0, jn);
         /* Some row hides a key of the tile that another row sees. */
-        const int hides = ps->ke_min < j0 + jn || ps->bias_hides;
+        const int hides = ps->ke_min < j0 + jn || ps->kb_max > j0 || ps->bias_hides;
         const int careful = hides && !v_finite(blk, j0, jn);
         softmax_tile(ps, j0, jn, careful);
         pv(ps, j0, jn, careful);
