@@ -23,19 +23,38 @@ F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
 class Mask(C.Structure):
     _fields_ = [("key_lens", I32P), ("query_key_lens", I32P), ("bias", F32P),
                 ("bias_stride_b", C.c_int64), ("bias_stride_h", C.c_int64),
-                ("bias_stride_q", C.c_int64), ("causal", C.c_int32)]
+                ("bias_stride_q", C.c_int64), ("causal", C.c_int32), ("window", C.c_int32),
+                ("softcap", C.c_float), ("alibi_slopes", F32P), ("sinks", F32P)]
 
 
 class LayerDesc(C.Structure):
     _fields_ = [(n, C.c_int32) for n in ("heads", "kv_heads", "head_dim", "q_in", "k_in", "v_in",
                                          "out_dim")] + \
-               [(n, F32P) for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "w_o", "b_o")]
+               [(n, F32P) for n in ("w_q", "w_k", "w_v", "b_q", "b_k", "b_v", "w_o", "b_o")] + \
+               [("v_head_dim", C.c_int32)]
+
+
+class AttnDims(C.Structure):
+    _fields_ = [(n, C.c_int32) for n in ("batch", "heads", "kv_heads", "seq_q", "seq_kv",
+                                         "head_dim", "v_head_dim")]
+
+
+class KVCache(C.Structure):
+    _fields_ = [("k", F32P), ("v", F32P)] + \
+               [(n, C.c_int32) for n in ("batch", "kv_heads", "head_dim", "capacity")] + \
+               [(n, C.c_int64) for n in ("stride_b", "stride_h", "stride_s")] + \
+               [("v_head_dim", C.c_int32)] + \
+               [(n, C.c_int64) for n in ("v_stride_b", "v_stride_h", "v_stride_s")]
 
 
 lib.mha_layer_create.argtypes = [C.POINTER(LayerDesc), C.POINTER(C.c_void_p)]
 lib.mha_layer_destroy.argtypes = [C.c_void_p]
 lib.mha_layer_forward.argtypes = [C.c_void_p, F32P, F32P, F32P, C.c_int32, C.c_int32, C.c_int32,
                                   C.POINTER(Mask), F32P, C.c_void_p, C.c_size_t]
+lib.mha_attention.argtypes = [C.POINTER(AttnDims), F32P, F32P, F32P, C.c_float, C.POINTER(Mask),
+                              F32P, C.c_int]
+lib.mha_attention_cached.argtypes = [C.POINTER(KVCache), I32P, F32P, C.c_int32, C.c_int32,
+                                     C.c_float, C.POINTER(Mask), F32P, C.c_int, F32P]
 lib.mha_isa_active.restype = C.c_int
 lib.mha_isa_name.restype = C.c_char_p
 isa = lib.mha_isa_name(lib.mha_isa_active()).decode()
@@ -229,6 +248,98 @@ with torch.no_grad():
     vl = torch.tensor([[1, 2, 3, 4], [6, 5, 4, 3]])
     check("d2l MultiHeadAttention, valid_lens (B, Sq)",
           libmha(5, 20, w, nob, X, Y, Y, Mask(query_key_lens=i32(vl))), d2l(X, Y, Y, vl))
+
+
+def modified_attention(q, k, v, causal=False, window=0, softcap=0.0, slopes=None, sinks=None,
+                       lens=None):
+    """float64 attention with the score modifiers, straight from mha.h: q [B,H,Sq,dk], k [B,Hkv,S,dk],
+    v [B,Hkv,S,dv]; row i of sequence b at p(i) = lens[b] - Sq + i (lens None: S); keys j < lens[b]."""
+    B, H, Sq, dk = q.shape
+    S = k.shape[2]
+    g = H // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(dk)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    lens = torch.full((B,), S) if lens is None else torch.tensor(lens)
+    p = lens.view(B, 1, 1, 1) - Sq + torch.arange(Sq).view(1, 1, Sq, 1)
+    j = torch.arange(S).view(1, 1, 1, S)
+    if slopes is not None:
+        s = s + slopes.view(1, H, 1, 1) * (j - p)
+    hidden = j >= lens.view(B, 1, 1, 1)
+    if causal:
+        hidden = hidden | (j > p)
+    if window > 0:
+        hidden = hidden | (j <= p - window)
+    s = s.masked_fill(hidden, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    if sinks is not None:
+        m = torch.maximum(m, sinks.view(1, H, 1, 1))
+    m = m.masked_fill(torch.isinf(m), 0.0)
+    e = torch.exp(s - m)
+    den = e.sum(-1, keepdim=True)
+    if sinks is not None:
+        den = den + torch.exp(sinks.view(1, H, 1, 1) - m)
+    out = (e @ v) / den
+    return out.masked_fill(hidden.all(-1, keepdim=True), 0.0)  # no visible key: zeros
+
+
+def attention(q, k, v, mask):
+    B, H, Sq, dk = q.shape
+    dims = AttnDims(B, H, k.shape[1], Sq, k.shape[2], dk, v.shape[3])
+    out = np.full((B, H, Sq, v.shape[3]), np.nan, dtype=np.float32)
+    st = lib.mha_attention(C.byref(dims), f32(q), f32(k), f32(v), 1 / math.sqrt(dk), C.byref(mask),
+                           out.ctypes.data_as(F32P), 0)
+    assert st == 0, st
+    return out
+
+
+def attention_cached(q, k, v, lens, mask):
+    """The same through a [B][cap][Hkv][d] cache (cap > lens), chunked prefill positions."""
+    B, H, Sq, dk = q.shape
+    Hkv, S, dv = k.shape[1], k.shape[2], v.shape[3]
+    cap = S + 5
+    kc = np.zeros((B, cap, Hkv, dk), np.float32)
+    vc = np.zeros((B, cap, Hkv, dv), np.float32)
+    kc[:, :S] = k.permute(0, 2, 1, 3).numpy()
+    vc[:, :S] = v.permute(0, 2, 1, 3).numpy()
+    keep.extend([kc, vc])
+    cache = KVCache(kc.ctypes.data_as(F32P), vc.ctypes.data_as(F32P), B, Hkv, dk, cap,
+                    cap * Hkv * dk, dk, Hkv * dk, dv, cap * Hkv * dv, dv, Hkv * dv)
+    out = np.full((B, H, Sq, dv), np.nan, dtype=np.float32)
+    st = lib.mha_attention_cached(C.byref(cache), i32(lens), f32(q), H, Sq, 1 / math.sqrt(dk),
+                                  C.byref(mask), out.ctypes.data_as(F32P), 0, None)
+    assert st == 0, st
+    return out
+
+
+with torch.no_grad():
+    # The score modifiers of current decoders, each model family's formula in float64,
+    # GQA 8/2, dk 64, dv 48, 300 keys (windows end inside kernel tiles).
+    B, H, Hkv, S = 2, 8, 2, 300
+    q, k = torch.rand(B, H, S, 64) * 2 - 1, torch.rand(B, Hkv, S, 64) * 2 - 1
+    v = torch.rand(B, Hkv, S, 48) * 2 - 1
+    families = [
+        ("Mistral: sliding window 100 + causal", dict(causal=True, window=100)),
+        ("Gemma 2: softcap 50, window 4096, causal", dict(causal=True, window=4096, softcap=50.0)),
+        ("Gemma 2: softcap 5, scores up to ~10 (q x 10), causal",
+         dict(causal=True, softcap=5.0, qscale=10.0)),
+        ("BLOOM: ALiBi slopes 2^(-8h/H), causal",
+         dict(causal=True, slopes=2.0 ** (-8.0 * torch.arange(1, H + 1) / H))),
+        ("gpt-oss: sinks, window 128, causal",
+         dict(causal=True, window=128, sinks=torch.rand(H) * 4 - 2)),
+    ]
+    for name, kw in families:
+        qs = q * kw.pop("qscale", 1.0)
+        mask = Mask(causal=int(kw.get("causal", False)), window=kw.get("window", 0),
+                    softcap=kw.get("softcap", 0.0), alibi_slopes=f32(kw.get("slopes")),
+                    sinks=f32(kw.get("sinks")))
+        check(name, attention(qs, k, v, mask), modified_attention(qs, k, v, **kw))
+        # Chunked prefill through the cache: the last 60 rows at lens 300 and 240.
+        lens = [300, 240]
+        want = modified_attention(qs[:, :, -60:], k, v, lens=lens, **kw)
+        check(name + " (cache, chunked prefill)",
+              attention_cached(qs[:, :, -60:], k, v, lens, mask), want)
 
 passed = sum(results)
 print(f"isa {isa}: {passed} passed, {len(results) - passed} failed")
