@@ -68,19 +68,26 @@ DESTDIR="$stage" meson install -C "$native" --quiet
 prefix=$(meson introspect "$native" --buildoptions | /usr/bin/python3 -c \
   'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"))')
 pc_dir=$(dirname "$(find "$stage" -name mha.pc | head -n 1)")
-/usr/bin/python3 - README.md "$stage/example.c" <<'PY'
+# Every complete C program of the README (a block with main) must build against the
+# installed library and run.
+n_examples=$(/usr/bin/python3 - README.md "$stage/example" <<'PY'
 import re, sys
-blocks = re.findall(r"```c\n(.*?)```", open(sys.argv[1]).read(), re.S)
-open(sys.argv[2], "w").write(blocks[0])
+blocks = [b for b in re.findall(r"```c\n(.*?)```", open(sys.argv[1]).read(), re.S) if "int main(" in b]
+for i, b in enumerate(blocks):
+    open(f"{sys.argv[2]}{i}.c", "w").write(b)
+print(len(blocks))
 PY
-if PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" \
-   cc -std=c11 -Wall -Werror "$stage/example.c" -o "$stage/example" \
-     $(PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs --static mha) -lm &&
-   LD_LIBRARY_PATH="$stage$prefix/lib:$stage$prefix/lib/x86_64-linux-gnu" "$stage/example"; then
-  echo "README example: ok"; passed=$((passed + 1))
-else
-  echo "README example: FAILED"; failed=$((failed + 1))
-fi
+)
+for i in $(seq 0 $((n_examples - 1))); do
+  if PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" \
+     cc -std=c11 -Wall -Werror "$stage/example$i.c" -o "$stage/example$i" \
+       $(PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs --static mha) -lm &&
+     LD_LIBRARY_PATH="$stage$prefix/lib:$stage$prefix/lib/x86_64-linux-gnu" "$stage/example$i"; then
+    echo "README example $i: ok"; passed=$((passed + 1))
+  else
+    echo "README example $i: FAILED"; failed=$((failed + 1))
+  fi
+done
 rm -rf "$stage"
 
 echo "== libmha as a Meson subproject"
