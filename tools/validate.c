@@ -6,7 +6,10 @@
  *   mha-validate                    sweep of shapes that hit tile tails, all masks
  *   mha-validate --shape B,Sq,Skv,H,Hkv,dh,E   one shape (E = model width)
  *   mha-validate --report           BERT-base (B=8, S=128, 768, 12 heads): CPU, ISAs,
- *                                   errors and the layer's time per ISA
+ *                                   errors and the layer's time per ISA, then a
+ *                                   decode step's time per ISA
+ * Every mode also checks mha_attention_cached (decode and chunked prefill over a
+ * token-major cache, GQA, split keys, every mask kind and score modifier).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
@@ -22,8 +25,9 @@
 #define TOL_ISA 1e-5 /* optimized ISA vs scalar */
 #define TOL_REF 2e-5 /* scalar vs float64 */
 
-enum { KERNEL_QKV, KERNEL_ATTN, KERNEL_SPLIT, KERNEL_LAYER, NKERNEL };
-static const char *kernel_names[NKERNEL] = {"qkv_project", "attention", "heads_split", "layer"};
+enum { KERNEL_QKV, KERNEL_ATTN, KERNEL_SPLIT, KERNEL_LAYER, KERNEL_CACHED, NKERNEL };
+static const char *kernel_names[NKERNEL] = {"qkv_project", "attention", "heads_split", "layer",
+                                            "cached"};
 
 typedef struct stat_cell {
     double abs_err, rel_err, ratio;
@@ -194,6 +198,57 @@ static void validate_shape(const shape *s, int with_float64)
     free(key_lens);
 }
 
+/* A cache [B][cap][Hkv][dh] holding random K and V, for decode shapes. */
+typedef struct decode_shape {
+    int32_t B, H, Hkv, dh, dv, cap, seq_q;
+} decode_shape;
+
+static void validate_cached(const decode_shape *s)
+{
+    const int64_t nk = (int64_t)s->B * s->cap * s->Hkv * s->dh;
+    const int64_t nv = (int64_t)s->B * s->cap * s->Hkv * s->dv;
+    const int64_t nq = (int64_t)s->B * s->H * s->seq_q * s->dh;
+    const int64_t nout = (int64_t)s->B * s->H * s->seq_q * s->dv, nlse = nout / s->dv;
+    float *k = alloc_floats(nk, 1.0f), *v = alloc_floats(nv, 1.0f), *q = alloc_floats(nq, 1.0f);
+    float *slopes = alloc_floats(s->H, 0.0f), *sinks = alloc_floats(s->H, 2.0f);
+    for (int32_t h = 0; h < s->H; h++)
+        slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)s->H);
+    int32_t *lens = malloc(sizeof(int32_t) * (size_t)s->B);
+    for (int32_t b = 0; b < s->B; b++)
+        lens[b] = s->cap - (b * 37) % s->cap;
+    const mha_kv_cache cache = {.k = k, .v = v, .batch = s->B, .kv_heads = s->Hkv,
+                                .head_dim = s->dh, .capacity = s->cap,
+                                .stride_b = (int64_t)s->cap * s->Hkv * s->dh, .stride_h = s->dh,
+                                .stride_s = (int64_t)s->Hkv * s->dh, .v_head_dim = s->dv,
+                                .v_stride_b = (int64_t)s->cap * s->Hkv * s->dv,
+                                .v_stride_h = s->dv, .v_stride_s = (int64_t)s->Hkv * s->dv};
+    const mha_mask masks[] = {{0},
+                              {.causal = 1, .window = 200},
+                              {.causal = 1, .softcap = 30.0f, .alibi_slopes = slopes,
+                               .sinks = sinks}};
+    float *ref = alloc_floats(nout + nlse, 0), *got = alloc_floats(nout + nlse, 0);
+    const float scale = 1.0f / sqrtf((float)s->dh);
+    for (size_t m = 0; m < sizeof masks / sizeof *masks; m++) {
+        check(mha_isa_force(MHA_ISA_SCALAR), "mha_isa_force");
+        check(mha_attention_cached(&cache, lens, q, s->H, s->seq_q, scale, &masks[m], ref,
+                                   MHA_LAYOUT_BHSD, ref + nout), "mha_attention_cached");
+        double *r = to_double(ref, nout + nlse);
+        for (int isa = MHA_ISA_SCALAR + 1; isa < MHA_ISA_COUNT; isa++) {
+            if (!mha_isa_available((mha_isa)isa))
+                continue;
+            check(mha_isa_force((mha_isa)isa), "mha_isa_force");
+            check(mha_attention_cached(&cache, lens, q, s->H, s->seq_q, scale, &masks[m], got,
+                                       MHA_LAYOUT_BHSD, got + nout), "mha_attention_cached");
+            record(&stats[KERNEL_CACHED][isa], got, r, nout + nlse, TOL_ISA);
+        }
+        free(r);
+    }
+    float *bufs[] = {k, v, q, slopes, sinks, ref, got};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        free(bufs[i]);
+    free(lens);
+}
+
 static double now(void)
 {
     struct timespec t;
@@ -254,6 +309,49 @@ static void time_layer(const shape *s)
     free(x);
     free(out);
     free(ws);
+}
+
+/* Median milliseconds per ISA of one decode step (mha_attention_cached, seq_q 1). */
+static void time_decode(const decode_shape *s)
+{
+    const int64_t n = (int64_t)s->B * s->cap * s->Hkv * s->dh;
+    float *k = alloc_floats(n, 1.0f), *v = alloc_floats(n, 1.0f);
+    float *q = alloc_floats((int64_t)s->B * s->H * s->dh, 1.0f);
+    float *out = alloc_floats((int64_t)s->B * s->H * s->dh, 0.0f);
+    int32_t *lens = malloc(sizeof(int32_t) * (size_t)s->B);
+    for (int32_t b = 0; b < s->B; b++)
+        lens[b] = s->cap;
+    const mha_kv_cache cache = {.k = k, .v = v, .batch = s->B, .kv_heads = s->Hkv,
+                                .head_dim = s->dh, .capacity = s->cap,
+                                .stride_b = (int64_t)s->Hkv * s->cap * s->dh,
+                                .stride_h = (int64_t)s->cap * s->dh, .stride_s = s->dh};
+    const mha_mask causal = {.causal = 1};
+    printf("\ndecode step, B=%d heads=%d kv_heads=%d head_dim=%d, %d cached keys (median):\n",
+           s->B, s->H, s->Hkv, s->dh, s->cap);
+    for (int isa = 0; isa < MHA_ISA_COUNT; isa++) {
+        if (!mha_isa_available((mha_isa)isa))
+            continue;
+        check(mha_isa_force((mha_isa)isa), "mha_isa_force");
+        double times[31];
+        int runs = 0;
+        const double start = now();
+        while (runs < 31 && (runs < 3 || now() - start < 1.0)) {
+            const double t0 = now();
+            check(mha_attention_cached(&cache, lens, q, s->H, 1, 1.0f / sqrtf((float)s->dh),
+                                       &causal, out, MHA_LAYOUT_BHSD, NULL),
+                  "mha_attention_cached");
+            times[runs++] = now() - t0;
+        }
+        qsort(times, (size_t)runs, sizeof *times, cmp_double);
+        const double ms = 1e3 * times[runs / 2];
+        printf("  %-6s %9.3f ms  %7.1f GB/s of K and V  (%d runs)\n", mha_isa_name((mha_isa)isa),
+               ms, 2.0 * (double)n * sizeof(float) / (ms * 1e6), runs);
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(lens);
 }
 
 static void print_cpu(void)
@@ -351,9 +449,19 @@ int main(int argc, char **argv)
         fflush(stdout);
         validate_shape(s, (int64_t)s->B * s->Sq * s->Sq * s->E <= (int64_t)1 << 28);
     }
+    const decode_shape decodes[] = {
+        {1, 8, 2, 128, 128, 3000, 1}, {2, 4, 4, 64, 64, 700, 1}, {2, 8, 2, 64, 48, 900, 5},
+        {1, 6, 3, 40, 72, 300, 17},
+    };
+    printf("validating mha_attention_cached on %zu decode and prefill shapes\n",
+           sizeof decodes / sizeof *decodes);
+    for (size_t i = 0; i < sizeof decodes / sizeof *decodes; i++)
+        validate_cached(&decodes[i]);
     const int failed = print_table();
-    if (report)
+    if (report) {
         time_layer(&bert);
+        time_decode(&(decode_shape){1, 32, 8, 128, 128, 4096, 1});
+    }
     mha_isa_force(start);
     printf("\n%s\n", failed ? "FAILED: errors beyond tolerance" : "all ISAs within tolerance");
     return failed;
