@@ -591,6 +591,22 @@ static mha_status workspace_take(void *workspace, size_t need, const fwd_sizes *
     return MHA_OK;
 }
 
+/* What a layer call needs before it writes anything, in this order: a workspace of
+   `need` bytes if the caller gives one (MHA_ERR_ARG), the weights packed for this
+   call's ISA (repacking may fail), the workspace allocated when none is given. */
+static mha_status layer_begin(const mha_layer *layer, void *workspace, size_t workspace_size,
+                              size_t need, const fwd_sizes *s, const mha_kernels **kt,
+                              const packed_weights **pw, workspace_parts *w)
+{
+    if (workspace && workspace_size < need)
+        return MHA_ERR_ARG;
+    *kt = mha_kernels_active();
+    *pw = layer_packed(layer, (*kt)->gemm_nr);
+    if (!*pw)
+        return MHA_ERR_NOMEM;
+    return workspace_take(workspace, need, s, w);
+}
+
 size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q,
                                 int32_t seq_kv)
 {
@@ -644,17 +660,12 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
     st = check_mask(mask, batch, layer->heads, seq_q, seq_kv);
     if (st != MHA_OK)
         return st;
-    const size_t need = workspace_bytes(&s, 0);
-    if (workspace && workspace_size < need)
-        return MHA_ERR_ARG;
-    /* The weights for this call's ISA before any write: repacking may fail. */
-    const mha_kernels *kt = mha_kernels_active();
-    const packed_weights *pw = layer_packed(layer, kt->gemm_nr);
-    if (!pw)
-        return MHA_ERR_NOMEM;
+    const mha_kernels *kt;
+    const packed_weights *pw;
     workspace_parts w;
-    if (workspace_take(workspace, need, &s, &w) != MHA_OK)
-        return MHA_ERR_NOMEM;
+    st = layer_begin(layer, workspace, workspace_size, workspace_bytes(&s, 0), &s, &kt, &pw, &w);
+    if (st != MHA_OK)
+        return st;
 
     const int32_t dk = layer->head_dim, dv = layer->v_dim, Hkv = layer->kv_heads;
     const mha_attn_args a = {
@@ -736,15 +747,12 @@ mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
         st = check_mask(mask, B, H, seq_q, c.capacity);
     if (st != MHA_OK)
         return st;
-    if (workspace && workspace_size < need)
-        return MHA_ERR_ARG;
-    const mha_kernels *kt = mha_kernels_active();
-    const packed_weights *pw = layer_packed(layer, kt->gemm_nr);
-    if (!pw)
-        return MHA_ERR_NOMEM;
+    const mha_kernels *kt;
+    const packed_weights *pw;
     workspace_parts w;
-    if (workspace_take(workspace, need, &s, &w) != MHA_OK)
-        return MHA_ERR_NOMEM;
+    st = layer_begin(layer, workspace, workspace_size, need, &s, &kt, &pw, &w);
+    if (st != MHA_OK)
+        return st;
     int32_t *new_lens = w.extra;
     int same_lens = 1;
     for (int32_t b = 0; b < B; b++) {

@@ -111,10 +111,10 @@ void mha_attn_block__avx2(const mha_attn_block *blk)
 
 void mha_exp_array__avx2(const float *x, float *y, int64_t n)
 {
-    simd_exp_array(x, y, n);
+    simd_map(vf_exp, x, y, n);
 }
 
 void mha_tanh_array__avx2(const float *x, float *y, int64_t n)
 {
-    simd_tanh_array(x, y, n);
+    simd_map(vf_tanh, x, y, n);
 }

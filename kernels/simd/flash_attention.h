@@ -2,7 +2,7 @@
  * SIMD layer, for every ISA whose vectors run across query rows. An ISA's
  * attention.c includes its simd.h (the vf/vi/vm types and operations), defines
  * its register tiles and their sizes, then includes this file and wraps
- * flash_attn_block(), simd_exp_array() and sizeof(pass), the block's scratch,
+ * flash_attn_block(), simd_map() of vf_exp and vf_tanh, and sizeof(pass), the block's scratch,
  * under its own names:
  *
  *   QK_KEYS x QK_ROWS   score tile: st[j][r] (+)= sum_d K[j][d] qt[d][r] over a
@@ -71,14 +71,14 @@ static int32_t pass_rows(const mha_attn_block *blk)
     return kv > KV_L2_FLOATS && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
 }
 
-/* exp over an array, in vectors then a masked tail. */
-static void simd_exp_array(const float *x, float *y, int64_t n)
+/* y = f(x) over an array, in vectors then a masked tail (f inlines: static). */
+static inline void simd_map(vf (*f)(vf), const float *x, float *y, int64_t n)
 {
     int64_t i = 0;
     for (; i + VF_LANES <= n; i += VF_LANES)
-        vf_storeu(y + i, vf_exp(vf_loadu(x + i)));
+        vf_storeu(y + i, f(vf_loadu(x + i)));
     if (i < n)
-        vf_storeu_n(y + i, (int32_t)(n - i), vf_exp(vf_loadu_n(x + i, (int32_t)(n - i))));
+        vf_storeu_n(y + i, (int32_t)(n - i), f(vf_loadu_n(x + i, (int32_t)(n - i))));
 }
 
 /* tanh(x): for |x| < 0.25 the odd Taylor polynomial of degree 11 (truncation
@@ -99,15 +99,6 @@ static inline vf vf_tanh(vf x)
     p = vf_fmadd(p, a2, vf_set1(-1.0f / 3.0f));
     const vf small = vf_fmadd(vf_mul(p, a2), a, a);
     return vf_copysign(vf_select(vf_lt(a, vf_set1(0.25f)), small, big), x);
-}
-
-static void simd_tanh_array(const float *x, float *y, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + VF_LANES <= n; i += VF_LANES)
-        vf_storeu(y + i, vf_tanh(vf_loadu(x + i)));
-    if (i < n)
-        vf_storeu_n(y + i, (int32_t)(n - i), vf_tanh(vf_loadu_n(x + i, (int32_t)(n - i))));
 }
 
 /* The state of one pass over up to RB query rows: the block's scratch. */
