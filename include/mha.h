@@ -160,8 +160,8 @@ MHA_API mha_status mha_attention(const mha_attn_dims *dims, const float *q, cons
 /* A KV cache the caller owns. For sequence b < batch, kv head g and row j < capacity,
    the K row (head_dim contiguous floats) is at k + b*stride_b + g*stride_h + j*stride_s,
    and the V row (v_head_dim floats) at v + b*v_stride_b + g*v_stride_h + j*v_stride_s.
-   Strides are in floats and >= 0. v_head_dim 0 means head_dim; V strides all 0 mean
-   K's strides. [B][Hkv][cap][dh] and [B][cap][Hkv][dh] are both such layouts, and so
+   Strides are in floats and >= 0 (else MHA_ERR_ARG). v_head_dim 0 means head_dim; V
+   strides all 0 mean K's strides. [B][Hkv][cap][dh] and [B][cap][Hkv][dh] are both such layouts, and so
    is an MLA latent cache where V is the first v_head_dim floats of each K row
    (v == k, same strides). The library reads the cache in place, never copies it. */
 typedef struct mha_kv_cache {
@@ -242,16 +242,16 @@ MHA_API mha_status mha_layer_forward(const mha_layer *layer, const float *query,
                                      int32_t seq_kv, const mha_mask *mask, float *out,
                                      void *workspace, size_t workspace_size);
 
-/* One decoder step (self-attention with a KV cache; batch = cache->batch, q_in ==
-   k_in == v_in): projects x [B][seq_q][q_in] into Q and seq_q new K, V rows per
-   sequence, appends those at rows lens[b].. of the cache, attends as
-   mha_attention_cached (causal when mask->causal) with scale 1/sqrt(head_dim),
-   applies the output projection, and on MHA_OK adds seq_q to every lens[b]. The
-   cache's kv_heads, head_dim and v_head_dim must be the layer's, and lens[b] + seq_q
-   <= capacity (else MHA_ERR_SHAPE). On any error the cache, lens and out are
-   untouched. out is [B][seq_q][out_dim] (or [B][seq_q][heads*dv]). Workspace as in
-   mha_layer_forward; mha_layer_step_workspace_size returns 0 for a NULL layer or
-   invalid sizes. */
+/* One decoder step (self-attention with a KV cache; batch = cache->batch; a layer
+   whose q_in, k_in, v_in differ is MHA_ERR_SHAPE): projects x [B][seq_q][q_in] into
+   Q and seq_q new K, V rows per sequence, appends those at rows lens[b].. of the
+   cache, attends as mha_attention_cached (causal when mask->causal) with scale
+   1/sqrt(head_dim), applies the output projection, and on MHA_OK adds seq_q to every
+   lens[b]. The cache's kv_heads, head_dim and v_head_dim must be the layer's, and
+   lens[b] + seq_q <= capacity (else MHA_ERR_SHAPE). On any error the cache, lens and
+   out are untouched. out is [B][seq_q][out_dim] (or [B][seq_q][heads*dv]). Workspace
+   as in mha_layer_forward; mha_layer_step_workspace_size returns 0 for a NULL layer
+   or invalid sizes. */
 MHA_API size_t mha_layer_step_workspace_size(const mha_layer *layer, int32_t batch,
                                              int32_t seq_q);
 MHA_API mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,

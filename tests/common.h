@@ -33,12 +33,46 @@ void require_env_isa(void);
 /* A layer's weights kept by the test, for the float64 reference. */
 typedef struct test_layer {
     mha_layer_desc desc;
-    int32_t kv_heads, k_in, v_in;
+    int32_t kv_heads, k_in, v_in, dv;
     float *w_q, *w_k, *w_v, *b_q, *b_k, *b_v, *w_o, *b_o;
     mha_layer *layer;
 } test_layer;
-/* Random weights ~ U(-1/sqrt(in), 1/sqrt(in)); biases when with_bias. */
+/* Random weights ~ U(-1/sqrt(in), 1/sqrt(in)); biases when with_bias. test_layer_init
+   is test_layer_init_v with v_head_dim 0 (dv = head_dim). */
 void test_layer_init(test_layer *t, rng *r, int32_t heads, int32_t kv_heads, int32_t head_dim,
                      int32_t q_in, int32_t k_in, int32_t v_in, int32_t out_dim, int with_bias);
+void test_layer_init_v(test_layer *t, rng *r, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                       int32_t v_head_dim, int32_t q_in, int32_t k_in, int32_t v_in,
+                       int32_t out_dim, int with_bias);
 void test_layer_free(test_layer *t);
+
+/* KV caches of the tests: [B][Hkv][cap][d] and [B][cap][Hkv][d] with K and V apart;
+   the MLA latent cache, V the first dv floats of each K row (v == k, same strides,
+   dv <= dk); and [B][Hkv][cap][d] with rows padded to max(dk, dv) + 3 floats and V
+   strides 0 (meaning K's). */
+typedef enum cache_kind {
+    CACHE_BHSD,
+    CACHE_BSHD,
+    CACHE_LATENT,
+    CACHE_PADDED,
+    CACHE_KINDS
+} cache_kind;
+const char *cache_kind_name(cache_kind kind);
+typedef struct test_cache {
+    mha_kv_cache c;
+    float *kbuf, *vbuf; /* the allocations: CACHE_GUARD floats, the cache, CACHE_GUARD
+                           floats; vbuf == kbuf for the latent cache */
+    size_t kn, vn;      /* floats of each allocation */
+} test_cache;
+#define CACHE_GUARD 16
+#define CACHE_FILL 0xff /* every byte of a fresh cache: a NaN in every float */
+/* 0 when the kind cannot hold these dims (latent with dv > dk); else the cache, every
+   byte CACHE_FILL (rows past the lengths, padding and guards included). */
+int test_cache_init(test_cache *t, cache_kind kind, int32_t batch, int32_t kv_heads,
+                    int32_t head_dim, int32_t v_head_dim, int32_t capacity);
+/* Random U(-1, 1) K and V in rows j < lens[b] (V after K where they alias). */
+void test_cache_fill(test_cache *t, rng *r, const int32_t *lens);
+float *cache_k_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j);
+float *cache_v_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j);
+void test_cache_free(test_cache *t);
 #endif

@@ -1,9 +1,10 @@
-/* libFuzzer target: the input chooses dims, masks, layout and a data seed; every
- * ISA available is run against the scalar reference on attention, the layer
- * and the head transpose. A mismatch beyond tolerance or a status other than
- * the one the arguments call for aborts (a finding); sanitizers catch the rest.
- * A byte of the input may also make a mask invalid, which must be refused
- * with MHA_ERR_MASK and nothing written. */
+/* libFuzzer target: the input chooses dims (v_head_dim included), masks, layout,
+ * a cache layout and lengths, and a data seed; every ISA available is run against
+ * the scalar reference on attention, cached attention (out and lse), the layer
+ * and the head transpose. A mismatch beyond tolerance or a status other than the
+ * one the arguments call for aborts (a finding); sanitizers catch the rest. A
+ * byte of the input may also make a mask or the lengths invalid, which must be
+ * refused with MHA_ERR_MASK or MHA_ERR_SHAPE and nothing written. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,14 +42,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int32_t B = 1 + take(&p, &n) % 3, H = kv_heads * group;
     const int32_t Sq = 1 + take(&p, &n) % 40, Skv = 1 + take(&p, &n) % 80;
     const int32_t dh = 1 + take(&p, &n) % 72, E = 1 + take(&p, &n) % 64;
-    const uint8_t flags = take(&p, &n), bad = take(&p, &n);
+    const uint8_t flags = take(&p, &n), bad = take(&p, &n), shape = take(&p, &n);
+    /* dv: head_dim (v_head_dim 0) for half the inputs, else 1..72 */
+    const int32_t dv_field = shape & 1 ? 1 + (shape >> 1) % 72 : 0, dv = dv_field ? dv_field : dh;
+    const uint8_t cache_byte = take(&p, &n);
     rng r = {0};
     for (size_t i = 0; i < n; i++)
         r.s = r.s * 131 + p[i];
 
     const size_t nq = (size_t)B * H * Sq * dh, nkv = (size_t)B * kv_heads * Skv * dh;
+    const size_t nv = (size_t)B * kv_heads * Skv * dv, no = (size_t)B * H * Sq * dv;
     float *q = rand_floats(&r, (int64_t)nq, -1, 1), *k = rand_floats(&r, (int64_t)nkv, -1, 1);
-    float *v = rand_floats(&r, (int64_t)nkv, -1, 1);
+    float *v = rand_floats(&r, (int64_t)nv, -1, 1);
     float *bias = rand_floats(&r, (int64_t)B * H * Sq * Skv, -4, 4);
     for (size_t i = 0; i < (size_t)B * H * Sq * Skv; i += 3 + flags % 5)
         bias[i] = -INFINITY;
@@ -68,8 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mask.bias_stride_q = flags & 64 ? Skv : 0;
     }
     const mha_layout layout = (mha_layout)(flags >> 7);
-    const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh};
-    float *want = malloc(nq * sizeof(float)), *got = malloc(nq * sizeof(float));
+    const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh, dv_field};
+    float *want = malloc(no * sizeof(float)), *got = malloc(no * sizeof(float));
     const float scale = 1.0f / sqrtf((float)dh);
 
     /* An invalid mask, when the input asks for one: refused, nothing written. */
@@ -78,27 +83,70 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kl[0] = bad & 8 ? -1 : Skv + 1;
         mha_mask broken = mask;
         broken.key_lens = kl;
-        memset(got, 0x7f, nq * sizeof(float));
-        memcpy(want, got, nq * sizeof(float));
+        memset(got, 0x7f, no * sizeof(float));
+        memcpy(want, got, no * sizeof(float));
         require(mha_attention(&d, q, k, v, scale, &broken, got, layout) == MHA_ERR_MASK,
                 "invalid key length accepted");
-        require(memcmp(got, want, nq * sizeof(float)) == 0, "output written on error");
+        require(memcmp(got, want, no * sizeof(float)) == 0, "output written on error");
         kl[0] = saved;
     }
 
     /* Layer: self-attention when Sq == Skv, else cross with Skv-long keys. */
     test_layer t;
-    test_layer_init(&t, &r, H, kv_heads, dh, E, 0, 0, (bad & 16) ? E : 0, bad & 32);
-    const int32_t width = (bad & 16) ? E : H * dh;
+    test_layer_init_v(&t, &r, H, kv_heads, dh, dv_field, E, 0, 0, (bad & 16) ? E : 0, bad & 32);
+    const int32_t width = (bad & 16) ? E : H * dv;
     const size_t nout = (size_t)B * Sq * width;
     float *xq = rand_floats(&r, (int64_t)B * Sq * E, -1, 1);
     float *xk = Sq == Skv ? xq : rand_floats(&r, (int64_t)B * Skv * E, -1, 1);
     float *lw = malloc(nout * sizeof(float)), *lg = malloc(nout * sizeof(float));
     float *tw = malloc(nq * sizeof(float)), *tg = malloc(nq * sizeof(float));
 
+    /* Cached attention: a cache of capacity Skv in the input's layout, kl as lens
+       (every row past them a NaN, which no output may show), the mask without
+       key_lens. */
+    test_cache tc;
+    if (!test_cache_init(&tc, (cache_kind)(cache_byte % CACHE_KINDS), B, kv_heads, dh, dv_field,
+                         Skv))
+        test_cache_init(&tc, CACHE_BHSD, B, kv_heads, dh, dv_field, Skv);
+    test_cache_fill(&tc, &r, kl);
+    mha_mask cmask = mask;
+    cmask.key_lens = NULL;
+    const size_t nl = (size_t)B * H * Sq;
+    float *cw = malloc(no * sizeof(float)), *cg = malloc(no * sizeof(float));
+    float *ew = malloc(nl * sizeof(float)), *eg = malloc(nl * sizeof(float)); /* lse */
+    const mha_layout clayout = (mha_layout)((cache_byte >> 2) & 1);
+
+    /* Lengths outside [0, capacity], when the input asks: refused, nothing written. */
+    if (bad % 8 == 2) {
+        const int32_t saved = kl[B - 1];
+        kl[B - 1] = bad & 8 ? -1 : Skv + 1;
+        float *kcopy = malloc(tc.kn * sizeof(float)), *vcopy = malloc(tc.vn * sizeof(float));
+        memcpy(kcopy, tc.kbuf, tc.kn * sizeof(float));
+        memcpy(vcopy, tc.vbuf, tc.vn * sizeof(float));
+        memset(cg, 0x7f, no * sizeof(float));
+        memcpy(cw, cg, no * sizeof(float));
+        memset(eg, 0x7f, nl * sizeof(float));
+        memcpy(ew, eg, nl * sizeof(float));
+        require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &cmask, cg, clayout, eg)
+                    == MHA_ERR_SHAPE, "invalid cache length accepted");
+        require(mha_kv_append(&tc.c, kl, k, v, 1) == MHA_ERR_SHAPE, "invalid append accepted");
+        require(memcmp(cg, cw, no * sizeof(float)) == 0 && memcmp(eg, ew, nl * sizeof(float)) == 0,
+                "cached output written on error");
+        require(memcmp(kcopy, tc.kbuf, tc.kn * sizeof(float)) == 0
+                    && memcmp(vcopy, tc.vbuf, tc.vn * sizeof(float)) == 0,
+                "cache written on error");
+        free(kcopy);
+        free(vcopy);
+        kl[B - 1] = saved;
+    }
+
     const mha_isa start = mha_isa_active();
     require(mha_isa_force(MHA_ISA_SCALAR) == MHA_OK, "force scalar");
     require(mha_attention(&d, q, k, v, scale, &mask, want, layout) == MHA_OK, "scalar attention");
+    require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &cmask, cw, clayout, ew) == MHA_OK,
+            "scalar cached attention");
+    for (size_t i = 0; i < no; i++)
+        require(isfinite(cw[i]), "a hidden cache row reached the output");
     require(mha_layer_forward(t.layer, xq, xk, xk, B, Sq, Skv, &mask, lw, NULL, 0) == MHA_OK,
             "scalar layer");
     memcpy(tw, q, nq * sizeof(float));
@@ -108,7 +156,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue;
         require(mha_isa_force((mha_isa)isa) == MHA_OK, "force isa");
         require(mha_attention(&d, q, k, v, scale, &mask, got, layout) == MHA_OK, "attention");
-        require(close_enough(got, want, nq), "attention differs from scalar");
+        require(close_enough(got, want, no), "attention differs from scalar");
+        require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &cmask, cg, clayout, eg)
+                    == MHA_OK, "cached attention");
+        require(close_enough(cg, cw, no) && close_enough(eg, ew, nl),
+                "cached attention differs from scalar");
         require(mha_layer_forward(t.layer, xq, xk, xk, B, Sq, Skv, &mask, lg, NULL, 0) == MHA_OK,
                 "layer");
         require(close_enough(lg, lw, nout), "layer differs from scalar");
@@ -122,11 +174,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (xk != xq)
         free(xk);
-    float *bufs[] = {q, k, v, bias, want, got, xq, lw, lg, tw, tg};
+    float *bufs[] = {q, k, v, bias, want, got, xq, lw, lg, tw, tg, cw, cg, ew, eg};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(kl);
     free(qkl);
     test_layer_free(&t);
+    test_cache_free(&tc);
     return 0;
 }

@@ -37,7 +37,7 @@ static void assert_untouched(void)
         assert_int_equal(((unsigned char *)out3)[i], CANARY);
 }
 
-static const mha_attn_dims good = {B, H, HKV, SQ, SKV, DH};
+static const mha_attn_dims good = {B, H, HKV, SQ, SKV, DH, 0};
 
 static void attention_bad_args(void **state)
 {
@@ -46,12 +46,16 @@ static void attention_bad_args(void **state)
         mha_attn_dims d;
         mha_status want;
     } dims[] = {
-        {{0, H, HKV, SQ, SKV, DH}, MHA_ERR_SHAPE},   {{B, -1, HKV, SQ, SKV, DH}, MHA_ERR_SHAPE},
-        {{B, H, 0, SQ, SKV, DH}, MHA_ERR_SHAPE},     {{B, H, 3, SQ, SKV, DH}, MHA_ERR_SHAPE},
-        {{B, H, HKV, 0, SKV, DH}, MHA_ERR_SHAPE},    {{B, H, HKV, SQ, -5, DH}, MHA_ERR_SHAPE},
-        {{B, H, HKV, SQ, SKV, 0}, MHA_ERR_SHAPE},    {{B, 2, 4, SQ, SKV, DH}, MHA_ERR_SHAPE},
-        {{INT32_MAX, INT32_MAX, 1, INT32_MAX, 1, INT32_MAX}, MHA_ERR_SHAPE},
-        {{1 << 21, 1, 1, 1 << 21, 1 << 21, 1}, MHA_ERR_SHAPE},
+        {{0, H, HKV, SQ, SKV, DH, 0}, MHA_ERR_SHAPE}, {{B, -1, HKV, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},
+        {{B, H, 0, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},   {{B, H, 3, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},
+        {{B, H, HKV, 0, SKV, DH, 0}, MHA_ERR_SHAPE},  {{B, H, HKV, SQ, -5, DH, 0}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, 0, 0}, MHA_ERR_SHAPE},  {{B, 2, 4, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, DH, -1}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, DH, INT32_MIN}, MHA_ERR_SHAPE},
+        {{INT32_MAX, INT32_MAX, 1, INT32_MAX, 1, INT32_MAX, 0}, MHA_ERR_SHAPE},
+        {{1 << 21, 1, 1, 1 << 21, 1 << 21, 1, 0}, MHA_ERR_SHAPE},
+        {{INT32_MAX, INT32_MAX, 1, 1, 1, 1, INT32_MAX}, MHA_ERR_SHAPE}, /* out, dv wide */
+        {{1 << 21, 1, 1, 1, 1 << 21, 1, 1 << 21}, MHA_ERR_SHAPE},        /* v, dv wide */
     };
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         fill_canary();
@@ -128,9 +132,9 @@ static void layer_create_bad_args(void **state)
     struct {
         mha_layer_desc d;
         mha_status want;
-    } cases[8];
+    } cases[10];
     int n = 0;
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 10; i++)
         cases[i].d = good_desc();
     cases[n].d.heads = 0, cases[n++].want = MHA_ERR_SHAPE;
     cases[n].d.kv_heads = 3, cases[n++].want = MHA_ERR_SHAPE;
@@ -140,6 +144,8 @@ static void layer_create_bad_args(void **state)
     cases[n].d.w_k = NULL, cases[n++].want = MHA_ERR_ARG;
     cases[n].d.w_o = NULL, cases[n++].want = MHA_ERR_ARG;
     cases[n].d.head_dim = INT32_MAX / 2, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.v_head_dim = -1, cases[n++].want = MHA_ERR_SHAPE;
+    cases[n].d.v_head_dim = INT32_MAX / 2, cases[n++].want = MHA_ERR_SHAPE; /* heads * dv */
     for (int i = 0; i < n; i++) {
         assert_int_equal(mha_layer_create(&cases[i].d, &L), cases[i].want);
         assert_ptr_equal(L, sentinel);

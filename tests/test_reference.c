@@ -1,6 +1,7 @@
 /* The active ISA against cases worked on paper and against a float64 evaluation
  * of the math: softmax of two keys, masks leaving one key, fully masked rows,
- * the seeds' d2l and BERT modules, GQA, both layouts, head split and merge. */
+ * the seeds' d2l and BERT modules, GQA, v_head_dim != head_dim, both layouts,
+ * head split and merge. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,7 +24,7 @@ static double tol(void)
 static void two_key_softmax(void **state)
 {
     (void)state;
-    const mha_attn_dims d = {1, 1, 1, 1, 2, 1};
+    const mha_attn_dims d = {1, 1, 1, 1, 2, 1, 0};
     const float q = 1.0f, k[2] = {0.0f, logf(3.0f)}, v[2] = {10.0f, 20.0f};
     float out = -1.0f;
     assert_int_equal(mha_attention(&d, &q, k, v, 1.0f, NULL, &out, MHA_LAYOUT_BHSD), MHA_OK);
@@ -35,7 +36,7 @@ static void two_key_softmax(void **state)
 static void masks_leaving_one_key(void **state)
 {
     (void)state;
-    const mha_attn_dims d = {1, 2, 2, 2, 3, 2};
+    const mha_attn_dims d = {1, 2, 2, 2, 3, 2, 0};
     rng r = {1};
     float *q = rand_floats(&r, 8, -1, 1), *k = rand_floats(&r, 12, -1, 1);
     float *v = rand_floats(&r, 12, -1, 1);
@@ -65,7 +66,7 @@ static void masks_leaving_one_key(void **state)
 static void fully_masked_rows_are_zero(void **state)
 {
     (void)state;
-    const mha_attn_dims d = {2, 1, 1, 5, 3, 4};
+    const mha_attn_dims d = {2, 1, 1, 5, 3, 4, 0};
     rng r = {2};
     float *q = rand_floats(&r, 40, -1, 1), *k = rand_floats(&r, 24, -1, 1);
     float *v = rand_floats(&r, 24, -1, 1);
@@ -94,20 +95,26 @@ static void fully_masked_rows_are_zero(void **state)
     free(bias);
 }
 
-/* Attention over every mask kind, GQA and both layouts against float64. */
+/* Attention over every mask kind, GQA, v_head_dim (0, below and above head_dim) and
+   both layouts against float64. */
 static void attention_vs_float64(void **state)
 {
     (void)state;
     rng r = {3};
     const mha_attn_dims shapes[] = {
-        {2, 4, 4, 7, 9, 20}, {1, 4, 2, 33, 70, 64}, {3, 6, 1, 5, 5, 8}, {1, 2, 2, 17, 130, 80},
+        {2, 4, 4, 7, 9, 20, 0},      {1, 4, 2, 33, 70, 64, 0},   {3, 6, 1, 5, 5, 8, 0},
+        {1, 2, 2, 17, 130, 80, 0},   {2, 4, 2, 7, 9, 20, 12},    {1, 4, 1, 33, 70, 64, 96},
+        {1, 2, 2, 17, 130, 65, 7},   {2, 3, 3, 5, 75, 1, 17},    {1, 8, 2, 3, 40, 192, 128},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const mha_attn_dims d = shapes[s];
+        const int32_t dv = d.v_head_dim ? d.v_head_dim : d.head_dim;
         const int64_t nq = (int64_t)d.batch * d.heads * d.seq_q * d.head_dim;
         const int64_t nkv = (int64_t)d.batch * d.kv_heads * d.seq_kv * d.head_dim;
+        const int64_t nv = (int64_t)d.batch * d.kv_heads * d.seq_kv * dv;
+        const int64_t no = (int64_t)d.batch * d.heads * d.seq_q * dv;
         float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nkv, -1, 1);
-        float *v = rand_floats(&r, nkv, -1, 1);
+        float *v = rand_floats(&r, nv, -1, 1);
         int32_t *kl = malloc(sizeof(int32_t) * d.batch);
         int32_t *qkl = malloc(sizeof(int32_t) * d.batch * d.seq_q);
         for (int b = 0; b < d.batch; b++)
@@ -128,15 +135,15 @@ static void attention_vs_float64(void **state)
             {.key_lens = kl, .query_key_lens = qkl, .causal = 1, .bias = bias,
              .bias_stride_b = d.seq_kv},
         };
-        float *out = malloc(sizeof(float) * nq);
-        double *ref = malloc(sizeof(double) * nq);
+        float *out = malloc(sizeof(float) * no);
+        double *ref = malloc(sizeof(double) * no);
         const float scale = 1.0f / sqrtf((float)d.head_dim);
         for (size_t m = 0; m < sizeof masks / sizeof *masks; m++)
             for (int layout = 0; layout < 2; layout++) {
                 assert_int_equal(mha_attention(&d, q, k, v, scale, &masks[m], out,
                                                (mha_layout)layout), MHA_OK);
                 ref_attention(&d, q, k, v, scale, &masks[m], ref, (mha_layout)layout);
-                double worst = tol_ratio(out, ref, nq, tol());
+                double worst = tol_ratio(out, ref, no, tol());
                 if (worst > 1.0)
                     fail_msg("shape %zu mask %zu layout %d: error %.3g x tolerance", s, m, layout,
                              worst);
@@ -156,7 +163,7 @@ static void check_layer(test_layer *t, rng *r, int32_t B, int32_t Sq, int32_t Sk
                         const mha_mask *mask, double tolerance)
 {
     const mha_layer_desc *d = &t->desc;
-    const int32_t width = d->out_dim > 0 ? d->out_dim : d->heads * d->head_dim;
+    const int32_t width = d->out_dim > 0 ? d->out_dim : d->heads * t->dv;
     float *query = rand_floats(r, (int64_t)B * Sq * d->q_in, -1, 1);
     float *key = self ? query : rand_floats(r, (int64_t)B * Skv * t->k_in, -1, 1);
     float *value = self ? query : rand_floats(r, (int64_t)B * Skv * t->v_in, -1, 1);
@@ -232,23 +239,31 @@ static void seed_bert(void **state)
     test_layer_free(&t);
 }
 
-/* Layers in every configuration: GQA, cross attention with other widths,
-   with and without output projection and biases. */
+/* Layers in every configuration: GQA, v_head_dim, cross attention with other
+   widths, with and without output projection and biases. */
 static void layers_vs_float64(void **state)
 {
     (void)state;
     rng r = {6};
     struct {
-        int32_t heads, kv_heads, dh, q_in, k_in, v_in, out_dim, bias, B, Sq, Skv, self;
+        int32_t heads, kv_heads, dh, dv, q_in, k_in, v_in, out_dim, bias, B, Sq, Skv, self;
     } cases[] = {
-        {4, 2, 16, 48, 0, 0, 40, 1, 2, 9, 9, 1},      {3, 0, 20, 30, 24, 17, 0, 0, 2, 5, 11, 0},
-        {8, 1, 8, 64, 0, 0, 64, 1, 1, 33, 33, 1},     {2, 0, 80, 100, 50, 0, 7, 1, 3, 4, 2, 0},
-        {1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1},
+        {4, 2, 16, 0, 48, 0, 0, 40, 1, 2, 9, 9, 1},
+        {3, 0, 20, 0, 30, 24, 17, 0, 0, 2, 5, 11, 0},
+        {8, 1, 8, 0, 64, 0, 0, 64, 1, 1, 33, 33, 1},
+        {2, 0, 80, 0, 100, 50, 0, 7, 1, 3, 4, 2, 0},
+        {1, 0, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 1},
+        {4, 2, 16, 24, 48, 0, 0, 40, 1, 2, 9, 9, 1},
+        {3, 0, 20, 7, 30, 24, 17, 0, 0, 2, 5, 11, 0},
+        {4, 1, 192, 128, 64, 0, 0, 50, 1, 1, 6, 6, 1},
+        {2, 2, 7, 65, 33, 20, 0, 0, 1, 2, 3, 8, 0},
+        {1, 0, 1, 3, 5, 0, 0, 2, 0, 1, 4, 4, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         test_layer t;
-        test_layer_init(&t, &r, cases[c].heads, cases[c].kv_heads, cases[c].dh, cases[c].q_in,
-                        cases[c].k_in, cases[c].v_in, cases[c].out_dim, cases[c].bias);
+        test_layer_init_v(&t, &r, cases[c].heads, cases[c].kv_heads, cases[c].dh, cases[c].dv,
+                          cases[c].q_in, cases[c].k_in, cases[c].v_in, cases[c].out_dim,
+                          cases[c].bias);
         int32_t kl[3] = {1, cases[c].Skv, cases[c].Skv / 2 + 1};
         const mha_mask causal = {.causal = 1}, lens = {.key_lens = kl};
         check_layer(&t, &r, cases[c].B, cases[c].Sq, cases[c].Skv, cases[c].self, NULL, tol());
@@ -258,44 +273,53 @@ static void layers_vs_float64(void **state)
     }
 }
 
-/* mha_qkv_project writes head-major Q, K, V whether fused or not. */
+/* mha_qkv_project writes head-major Q [B][H][S][dh], K [B][Hkv][S][dh] and
+   V [B][Hkv][S][dv] whether fused or not, GQA and v_head_dim included. */
 static void qkv_project_head_major(void **state)
 {
     (void)state;
     rng r = {7};
-    test_layer t;
-    test_layer_init(&t, &r, 3, 0, 20, 30, 0, 0, 0, 1);
-    const int32_t B = 2, S = 5, n = 3 * 20;
-    float *x = rand_floats(&r, B * S * 30, -1, 1), *y = rand_floats(&r, B * S * 30, -1, 1);
-    float *q = malloc(sizeof(float) * B * S * n), *k = malloc(sizeof(float) * B * S * n);
-    float *v = malloc(sizeof(float) * B * S * n);
-    double *lin = malloc(sizeof(double) * B * S * n);
-    /* self: x for all three; cross with value != key: y for keys, x for values */
-    for (int mode = 0; mode < 2; mode++) {
-        const float *key = mode ? y : x;
-        assert_int_equal(mha_qkv_project(t.layer, x, key, x, B, S, S, q, k, v), MHA_OK);
-        const float *srcs[3] = {x, key, x}, *ws[3] = {t.w_q, t.w_k, t.w_v};
-        const float *bs[3] = {t.b_q, t.b_k, t.b_v};
-        float *outs[3] = {q, k, v};
-        for (int p = 0; p < 3; p++) {
-            for (int b = 0; b < B; b++)
-                for (int s = 0; s < S; s++)
-                    for (int c = 0; c < n; c++) {
-                        double acc = bs[p][c];
-                        for (int i = 0; i < 30; i++)
-                            acc += (double)srcs[p][(b * S + s) * 30 + i] * ws[p][c * 30 + i];
-                        lin[((b * 3 + c / 20) * S + s) * 20 + c % 20] = acc;
-                    }
-            assert_true(tol_ratio(outs[p], lin, B * S * n, tol()) <= 1.0);
+    const int32_t cases[][4] = {{3, 0, 20, 0}, {4, 2, 16, 24}, {2, 1, 64, 7}, {3, 3, 5, 1}};
+    const int32_t B = 2, S = 5, E = 30;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        test_layer t;
+        test_layer_init_v(&t, &r, cases[c][0], cases[c][1], cases[c][2], cases[c][3], E, 0, 0, 0,
+                          1);
+        const int32_t heads[3] = {cases[c][0], t.kv_heads, t.kv_heads};
+        const int32_t dims[3] = {cases[c][2], cases[c][2], t.dv};
+        float *x = rand_floats(&r, B * S * E, -1, 1), *y = rand_floats(&r, B * S * E, -1, 1);
+        float *outs[3];
+        for (int p = 0; p < 3; p++)
+            outs[p] = malloc(sizeof(float) * B * S * heads[p] * dims[p]);
+        double *lin = malloc(sizeof(double) * B * S * heads[0] * (dims[0] + dims[2]));
+        /* self: x for all three; cross with value != key: y for keys, x for values */
+        for (int mode = 0; mode < 2; mode++) {
+            const float *key = mode ? y : x;
+            assert_int_equal(mha_qkv_project(t.layer, x, key, x, B, S, S, outs[0], outs[1],
+                                             outs[2]), MHA_OK);
+            const float *srcs[3] = {x, key, x}, *ws[3] = {t.w_q, t.w_k, t.w_v};
+            const float *bs[3] = {t.b_q, t.b_k, t.b_v};
+            for (int p = 0; p < 3; p++) {
+                const int32_t n = heads[p] * dims[p], dp = dims[p];
+                for (int b = 0; b < B; b++)
+                    for (int s = 0; s < S; s++)
+                        for (int o = 0; o < n; o++) {
+                            double acc = bs[p][o];
+                            for (int i = 0; i < E; i++)
+                                acc += (double)srcs[p][(b * S + s) * E + i] * ws[p][o * E + i];
+                            lin[((b * heads[p] + o / dp) * S + s) * dp + o % dp] = acc;
+                        }
+                if (tol_ratio(outs[p], lin, B * S * n, tol()) > 1.0)
+                    fail_msg("qkv case %zu mode %d: projection %d off", c, mode, p);
+            }
         }
+        free(x);
+        free(y);
+        for (int p = 0; p < 3; p++)
+            free(outs[p]);
+        free(lin);
+        test_layer_free(&t);
     }
-    free(x);
-    free(y);
-    free(q);
-    free(k);
-    free(v);
-    free(lin);
-    test_layer_free(&t);
 }
 
 /* Split moves element (b, s, h, e) to (b, h, s, e); merge undoes it exactly. */

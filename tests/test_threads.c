@@ -49,26 +49,34 @@ static void layer_and_attention(void **state)
                 assert_memory_equal(first, again, (size_t)n * sizeof(float));
         }
 
-    const mha_attn_dims d = {2, 4, 1, 100, 300, 64};
-    const int64_t nq = 2 * 4 * 100 * 64, nkv = 2 * 300 * 64;
-    float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nkv, -1, 1);
-    float *v = rand_floats(&r, nkv, -1, 1);
-    float *o1 = malloc(sizeof(float) * nq), *o2 = malloc(sizeof(float) * nq);
-    const mha_mask causal = {.causal = 1};
-    for (int m = 0; m < 2; m++)
-        for (size_t i = 0; i < NT; i++) {
-            set_threads(thread_counts[i]);
-            assert_int_equal(mha_attention(&d, q, k, v, 0.125f, m ? &causal : NULL,
-                                           i == 0 ? o1 : o2, MHA_LAYOUT_BSHD), MHA_OK);
-            if (i > 0)
-                assert_memory_equal(o1, o2, (size_t)nq * sizeof(float));
-        }
+    /* Many blocks; then few blocks over many keys (cut into chunks), dv != dk. */
+    const mha_attn_dims dims[] = {{2, 4, 1, 100, 300, 64, 0}, {1, 8, 2, 1, 6000, 128, 0},
+                                  {1, 4, 1, 3, 3000, 192, 128}};
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        const mha_attn_dims d = dims[di];
+        const int32_t dv = d.v_head_dim ? d.v_head_dim : d.head_dim;
+        const int64_t nq = (int64_t)d.batch * d.heads * d.seq_q * d.head_dim;
+        const int64_t nk = (int64_t)d.batch * d.kv_heads * d.seq_kv * d.head_dim;
+        const int64_t nv = nk / d.head_dim * dv, no = nq / d.head_dim * dv;
+        float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nk, -1, 1);
+        float *v = rand_floats(&r, nv, -1, 1);
+        float *o1 = malloc(sizeof(float) * no), *o2 = malloc(sizeof(float) * no);
+        const mha_mask causal = {.causal = 1};
+        for (int m = 0; m < 2; m++)
+            for (size_t i = 0; i < NT; i++) {
+                set_threads(thread_counts[i]);
+                assert_int_equal(mha_attention(&d, q, k, v, 0.125f, m ? &causal : NULL,
+                                               i == 0 ? o1 : o2, MHA_LAYOUT_BSHD), MHA_OK);
+                if (i > 0)
+                    assert_memory_equal(o1, o2, (size_t)no * sizeof(float));
+            }
+        free(q);
+        free(k);
+        free(v);
+        free(o1);
+        free(o2);
+    }
     set_threads(2);
-    free(q);
-    free(k);
-    free(v);
-    free(o1);
-    free(o2);
     free(x);
     free(first);
     free(again);

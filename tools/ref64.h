@@ -1,18 +1,28 @@
 /* A float64 evaluation of the math of mha.h, written for checking rather than
  * speed: explicit loops, scores per row, exp in double. Shared by the tests and
- * mha-validate. */
+ * mha-validate. Every mask field is honoured, the score modifiers (window,
+ * softcap, ALiBi, sinks) included. */
 #ifndef MHA_REF64_H
 #define MHA_REF64_H
 
 #include "mha.h"
 
-/* q [B][H][Sq][dh], k, v [B][Hkv][Skv][dh]; out in the given layout. */
+/* q [B][H][Sq][dh], k [B][Hkv][Skv][dh], v [B][Hkv][Skv][dv] (dv = v_head_dim, or dh
+   when 0); out [B][H][Sq][dv] or [B][Sq][H*dv] as layout says. */
 void ref_attention(const mha_attn_dims *d, const float *q, const float *k, const float *v,
                    double scale, const mha_mask *mask, double *out, mha_layout layout);
 
-/* The whole layer described by d (weights as for mha_layer_create); out is
-   [B][Sq][out_dim or heads*dh]. Projections are rounded to float in between,
-   as the library keeps them. */
+/* mha_attention_cached: q [B][heads][seq_q][dh] against rows j < lens[b] of the cache,
+   read through its strides; row i sits at p(i) = lens[b] - seq_q + i. out as
+   ref_attention, dv wide; lse (NULL or [B][heads][seq_q]) gets the log of the sum of
+   exp(score) over visible keys (no sink), -inf where none is visible. */
+void ref_attention_cached(const mha_kv_cache *cache, const int32_t *lens, const float *q,
+                          int32_t heads, int32_t seq_q, double scale, const mha_mask *mask,
+                          double *out, mha_layout layout, double *lse);
+
+/* The whole layer described by d (weights as for mha_layer_create, v_head_dim
+   included); out is [B][Sq][out_dim or heads*dv]. Projections are rounded to float in
+   between, as the library keeps them. */
 void ref_layer(const mha_layer_desc *d, const float *query, const float *key, const float *value,
                int32_t batch, int32_t seq_q, int32_t seq_kv, const mha_mask *mask, double *out);
 
