@@ -6,6 +6,18 @@
 // cblas_sgemm on the QKV projection's M, N, K. Benchmarks of one shape are
 // registered together so that libmha and its peer run back to back.
 //
+// Cached and modified attention run on the cases of kCases, each next to its
+// reference (the implementation <isa>-ref), always causal:
+//   decode     one query row per sequence on a KV cache [B][Hkv][cap = Skv][dh]
+//              (mha_attention_cached); reference, at Skv = 4096: mha_attention
+//              with seq_q = 1 over the same K, V as contiguous tensors
+//   prefill    a chunk of seq_q rows onto a cache that then holds seq_kv rows
+//              (mha_attention_cached, lens = seq_kv); reference: mha_attention
+//              over all seq_kv rows
+//   modifier   mha_attention with a sliding window, softcap, ALiBi slopes or
+//              sinks; reference: the same call without it (ALiBi: as a dense
+//              bias [1][H][S][S])
+//
 // Counters (Google Benchmark JSON, one entry per benchmark):
 //   GFLOP/s    FLOP per call x calls / seconds / 1e9, FLOP counted as
 //                GEMM       2*M*N*K
@@ -19,6 +31,13 @@
 //   GB/s       head transpose: 2 * tensor bytes per call (read once, written
 //              once) / seconds / 1e9
 //   %memcpy    GB/s over memcpy bandwidth measured the same way (2 * bytes)
+//   decode: GB/s       K and V bytes per call (2*B*Hkv*Skv*dh*4) / seconds / 1e9
+//           read_GB/s  the same bytes read by the widest ISA's plain vector read
+//                      (bench/peak_<isa>.c), split over the same threads by
+//                      (b, kv head) slab, timed right before each call
+//           %read      GB/s over read_GB/s
+//   prefill, modifier: GFLOP/s, %peak, %isa_peak with the FLOP that the mask
+//              leaves: 4*dh per (row, visible key) per (b, h)
 //
 // The peaks are measured before the benchmarks (for the counters above) and run
 // again as benchmarks peak/fma/<isa> and peak/memcpy/64MiB at the start and the
@@ -47,6 +66,10 @@
 #include <string>
 #include <vector>
 
+#if __has_include(<unistd.h>)
+#include <unistd.h> // sysconf: the L3 size
+#endif
+
 #include "isa_list.h"
 #include "mha.h"
 #include "peak.h"
@@ -57,18 +80,23 @@
 
 namespace {
 
-// The FMA-throughput loop of every ISA built (bench/peak_<isa>.c), in mha_isa order.
+// The FMA-throughput loop and the plain read of every ISA built
+// (bench/peak_<isa>.c), in mha_isa order.
 struct PeakLoop {
     mha_isa isa;
     double (*loop)(int64_t);
+    double (*read)(const float *, const float *, int64_t, int64_t);
 };
-#define MHA_BENCH_PEAK_LOOP_(name, value) {value, mha_peak_fma__##name},
+#define MHA_BENCH_PEAK_LOOP_(name, value) {value, mha_peak_fma__##name, mha_peak_read__##name},
 const PeakLoop kPeakLoops[] = {MHA_ISA_BUILT(MHA_BENCH_PEAK_LOOP_)};
 #undef MHA_BENCH_PEAK_LOOP_
 
 // Kernel families, as named in benchmark names: <family>/<shape>/<implementation>.
-enum Family { QKV = 1, ATTENTION = 2, TRANSPOSE = 4, LAYER = 8, ALL = 15 };
-const char *const kFamilyNames[] = {"qkv", "attention", "transpose", "layer"};
+// ALL: the four of the dense shapes (kShapes); the last three run on kCases.
+enum Family { QKV = 1, ATTENTION = 2, TRANSPOSE = 4, LAYER = 8, ALL = 15, DECODE = 16,
+              PREFILL = 32, MODIFIER = 64 };
+const char *const kFamilyNames[] = {"qkv",    "attention", "transpose", "layer",
+                                    "decode", "prefill",   "modifier"};
 
 // d_model = heads * head_dim is both the input width and the output width.
 struct Shape {
@@ -94,10 +122,66 @@ const Shape kShapes[] = {
     {"transpose-64MiB", "transpose", 1, 16384, 16, 16, 64, false, TRANSPOSE, true},
 };
 
-// The shapes that run: those named by --shapes, else every one (--quick: the quick ones).
+// The name of a family (one bit).
+const char *family_name(Family f)
+{
+    int bit = 0;
+    while (!((unsigned)f & (1u << bit)))
+        bit++;
+    return kFamilyNames[bit];
+}
+
+enum Modifier { NO_MODIFIER, WINDOW, SOFTCAP, ALIBI, SINKS };
+const char *const kModifierNames[] = {"none", "window", "softcap", "alibi", "sinks"};
+// What <isa>-ref runs (see the top of this file).
+enum Reference { NO_REF, REF_ATTENTION, REF_FULL, REF_PLAIN, REF_DENSE };
+const char *const kReferenceNames[] = {"none", "attention", "full", "plain", "dense"};
+
+// A case of cached or modified attention: the last seq_q rows of seq_kv
+// positions, causal. target: the stated goal for libmha's speed over its
+// reference, as report.py checks it (decode, modifier: time ratio; prefill:
+// GFLOP/s ratio); 0 when none is stated.
+struct Case {
+    const char *name, *group;
+    Family family;
+    int32_t batch, heads, kv_heads, head_dim, seq_q, seq_kv;
+    Modifier modifier;
+    float value; // window size, softcap; ALiBi slopes are 2^(-8(h+1)/H), sinks 1.0
+    Reference ref;
+    double target;
+    bool quick;
+};
+
+// Llama-3-8B-like GQA decode (32 heads on 8 kv heads of 128); the modifiers on BERT-size heads.
+const Case kCases[] = {
+    {"decode-b1-s512", "decode", DECODE, 1, 32, 8, 128, 1, 512, NO_MODIFIER, 0, NO_REF, 0, true},
+    {"decode-b1-s1024", "decode", DECODE, 1, 32, 8, 128, 1, 1024, NO_MODIFIER, 0, NO_REF, 0, false},
+    {"decode-b1-s4096", "decode", DECODE, 1, 32, 8, 128, 1, 4096, NO_MODIFIER, 0, REF_ATTENTION, 3,
+     false},
+    {"decode-b1-s16384", "decode", DECODE, 1, 32, 8, 128, 1, 16384, NO_MODIFIER, 0, NO_REF, 0,
+     false},
+    {"decode-b8-s512", "decode", DECODE, 8, 32, 8, 128, 1, 512, NO_MODIFIER, 0, NO_REF, 0, false},
+    {"decode-b8-s1024", "decode", DECODE, 8, 32, 8, 128, 1, 1024, NO_MODIFIER, 0, NO_REF, 0, false},
+    {"decode-b8-s4096", "decode", DECODE, 8, 32, 8, 128, 1, 4096, NO_MODIFIER, 0, REF_ATTENTION, 3,
+     false},
+    {"decode-b8-s16384", "decode", DECODE, 8, 32, 8, 128, 1, 16384, NO_MODIFIER, 0, NO_REF, 0,
+     false},
+    // 512 new rows onto 3584 cached ones, against the whole 4096-row causal attention.
+    {"prefill-c512-s4096", "prefill", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER, 0, REF_FULL,
+     0.9, false},
+    {"window1024-s8192", "window", MODIFIER, 1, 12, 12, 64, 8192, 8192, WINDOW, 1024, REF_PLAIN, 3,
+     false},
+    {"softcap50-s2048", "softcap", MODIFIER, 1, 12, 12, 64, 2048, 2048, SOFTCAP, 50, REF_PLAIN, 0.8,
+     false},
+    {"alibi-s2048", "alibi", MODIFIER, 1, 12, 12, 64, 2048, 2048, ALIBI, 0, REF_DENSE, 1, false},
+    {"sinks-s2048", "sinks", MODIFIER, 1, 12, 12, 64, 2048, 2048, SINKS, 0, REF_PLAIN, 0, false},
+};
+
+// The shapes and cases that run: those named by --shapes, else every one (--quick:
+// the quick ones).
 std::vector<std::string> g_only_shapes;
 
-bool selected(const Shape &s, bool quick)
+template <class S> bool selected(const S &s, bool quick)
 {
     if (!g_only_shapes.empty())
         return std::find(g_only_shapes.begin(), g_only_shapes.end(), s.name)
@@ -129,6 +213,26 @@ double layer_flops(const Shape &s)
            + gemm_flops((double)tokens(s), (double)d_model(s), (double)d_model(s));
 }
 
+// K and V bytes that a decode step reads.
+double kv_bytes(const Case &c)
+{
+    return 2.0 * c.batch * c.kv_heads * (double)c.seq_kv * c.head_dim * sizeof(float);
+}
+
+// 4*dh FLOP per (b, h, row, visible key): row i sits at position seq_kv - seq_q + i and
+// sees keys up to it, the last `window` of them with a window.
+double case_flops(const Case &c, bool ref)
+{
+    const int32_t sq = ref && c.ref == REF_FULL ? c.seq_kv : c.seq_q;
+    const bool windowed = c.modifier == WINDOW && !ref;
+    double keys = 0;
+    for (int32_t i = 0; i < sq; i++) {
+        const double seen = (double)(c.seq_kv - sq + i + 1);
+        keys += windowed ? std::min(seen, (double)c.value) : seen;
+    }
+    return 4.0 * c.batch * c.heads * c.head_dim * keys;
+}
+
 // Bytes that an in-place split of the [B][S][H][dh] tensor reads plus writes.
 double transpose_bytes(const Shape &s)
 {
@@ -140,6 +244,8 @@ struct Peaks {
     double best_gflops = 0;
     double memcpy_gbps = 0;
     int threads = 1;
+    // The plain read of the ISA with the best FMA peak (the widest), for %read.
+    double (*read)(const float *, const float *, int64_t, int64_t) = nullptr;
 };
 Peaks g_peaks;
 
@@ -336,6 +442,115 @@ void bm_layer(benchmark::State &state, const Shape *s, mha_isa isa)
     set_flop_counters(state, layer_flops(*s), secs, isa);
 }
 
+// Inputs of the case that runs now: its benchmarks are registered together, so
+// one case's buffers (up to 1 GiB of K and V at B=8, Skv=16384) are kept at a time.
+struct CaseData {
+    std::string name;
+    std::vector<float> q, k, v; // q [B][H][seq_q][dh]; k, v [B][Hkv][seq_kv][dh]: cap = seq_kv
+    std::vector<float> q_full;  // REF_FULL: [B][H][seq_kv][dh]
+    std::vector<float> per_head; // [H]: ALiBi slopes or sinks
+    std::vector<float> bias;     // REF_DENSE: the ALiBi bias [1][H][S][S]
+};
+
+CaseData &case_data(const Case &c)
+{
+    static CaseData d;
+    if (d.name == c.name)
+        return d;
+    d = CaseData();
+    d.name = c.name;
+    const int64_t kv = (int64_t)c.batch * c.kv_heads * c.seq_kv * c.head_dim;
+    d.q = uniform((int64_t)c.batch * c.heads * c.seq_q * c.head_dim, 1.0f, 20);
+    d.k = uniform(kv, 1.0f, 21);
+    d.v = uniform(kv, 1.0f, 22);
+    if (c.ref == REF_FULL)
+        d.q_full = uniform((int64_t)c.batch * c.heads * c.seq_kv * c.head_dim, 1.0f, 23);
+    for (int32_t h = 0; h < c.heads; h++)
+        d.per_head.push_back(c.modifier == ALIBI ? std::exp2(-8.0f * (float)(h + 1) / c.heads) : 1.0f);
+    if (c.ref == REF_DENSE) {
+        const int64_t n = c.seq_kv;
+        d.bias.resize((size_t)(c.heads * n * n));
+        for (int32_t h = 0; h < c.heads; h++)
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < n; j++)
+                    d.bias[(size_t)((h * n + i) * n + j)] = d.per_head[h] * (float)(j - i);
+    }
+    return d;
+}
+
+// One call of case c (its reference when ref), writing out.
+mha_status case_call(const Case &c, CaseData &d, bool ref, std::vector<float> &out)
+{
+    const float scale = 1.0f / std::sqrt((float)c.head_dim);
+    mha_mask mask = {};
+    mask.causal = 1;
+    if (c.family == MODIFIER) {
+        if (c.modifier == WINDOW && !ref)
+            mask.window = (int32_t)c.value;
+        if (c.modifier == SOFTCAP && !ref)
+            mask.softcap = c.value;
+        if (c.modifier == SINKS && !ref)
+            mask.sinks = d.per_head.data();
+        if (c.modifier == ALIBI && !ref)
+            mask.alibi_slopes = d.per_head.data();
+        if (c.modifier == ALIBI && ref) {
+            mask.bias = d.bias.data();
+            mask.bias_stride_h = (int64_t)c.seq_kv * c.seq_kv;
+            mask.bias_stride_q = c.seq_kv;
+        }
+    }
+    if (c.family == MODIFIER || ref) {
+        const int32_t sq = c.ref == REF_FULL ? c.seq_kv : c.seq_q;
+        const mha_attn_dims dims = {c.batch, c.heads, c.kv_heads, sq, c.seq_kv, c.head_dim, 0};
+        return mha_attention(&dims, (c.ref == REF_FULL ? d.q_full : d.q).data(), d.k.data(),
+                             d.v.data(), scale, &mask, out.data(), MHA_LAYOUT_BHSD);
+    }
+    const int64_t row = c.head_dim, slab = (int64_t)c.seq_kv * row;
+    const mha_kv_cache cache = {d.k.data(), d.v.data(), c.batch, c.kv_heads, c.head_dim,
+                                c.seq_kv, c.kv_heads * slab, slab, row, 0, 0, 0, 0};
+    const std::vector<int32_t> lens((size_t)c.batch, c.seq_kv);
+    return mha_attention_cached(&cache, lens.data(), d.q.data(), c.heads, c.seq_q, scale, &mask,
+                                out.data(), MHA_LAYOUT_BHSD, nullptr);
+}
+
+// Decode is timed against the plain read of the same K, V right before each call
+// (the read's time is not the iteration's): both find the buffers as the other
+// left them, in cache when they fit, so the ratio favours neither side.
+void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
+{
+    if (!force(state, isa))
+        return;
+    CaseData &d = case_data(*c);
+    const int32_t sq = ref && c->ref == REF_FULL ? c->seq_kv : c->seq_q;
+    std::vector<float> out((size_t)c->batch * c->heads * sq * c->head_dim);
+    if (c->family != DECODE) {
+        double secs = run_timed(state, [&] { return case_call(*c, d, ref, out); });
+        set_flop_counters(state, case_flops(*c, ref), secs, isa);
+        return;
+    }
+    const int64_t slabs = (int64_t)c->batch * c->kv_heads, slab = (int64_t)c->seq_kv * c->head_dim;
+    mha_status st = case_call(*c, d, ref, out);
+    if (st != MHA_OK) {
+        state.SkipWithError(mha_status_str(st));
+        return;
+    }
+    double call_secs = 0, read_secs = 0;
+    for (auto _ : state) {
+        Clock::time_point t0 = Clock::now();
+        g_peaks.read(d.k.data(), d.v.data(), slabs, slab);
+        Clock::time_point t1 = Clock::now();
+        case_call(*c, d, ref, out);
+        const double dt = std::chrono::duration<double>(Clock::now() - t1).count();
+        state.SetIterationTime(dt);
+        call_secs += dt;
+        read_secs += std::chrono::duration<double>(t1 - t0).count();
+    }
+    const double n = (double)state.iterations();
+    state.counters["GB/s"] = kv_bytes(*c) * n / call_secs / 1e9;
+    state.counters["read_GB/s"] = kv_bytes(*c) * n / read_secs / 1e9;
+    state.counters["%read"] = 100.0 * read_secs / call_secs;
+}
+
 #ifdef MHA_BENCH_HAVE_BLAS
 // The QKV projection as one plain GEMM: C [M][N] = X [M][K] W^T, W [N][K] in
 // nn.Linear's layout (no bias, no head-major scatter).
@@ -443,8 +658,11 @@ void measure_peaks(bool quick)
     for (const PeakLoop &p : kPeakLoops)
         if (mha_isa_available(p.isa))
             g_peaks.fma_gflops[p.isa] = measure_fma(p.loop, secs, reps);
-    for (double g : g_peaks.fma_gflops)
-        g_peaks.best_gflops = std::max(g_peaks.best_gflops, g);
+    for (const PeakLoop &p : kPeakLoops)
+        if (g_peaks.fma_gflops[p.isa] > g_peaks.best_gflops) {
+            g_peaks.best_gflops = g_peaks.fma_gflops[p.isa];
+            g_peaks.read = p.read;
+        }
     g_peaks.memcpy_gbps = measure_memcpy(reps * 2);
 
     char buf[64];
@@ -460,6 +678,13 @@ void measure_peaks(bool quick)
     benchmark::AddCustomContext("peak_gflops", buf);
     std::snprintf(buf, sizeof buf, "%.3f", g_peaks.memcpy_gbps);
     benchmark::AddCustomContext("memcpy_gbps", buf);
+    for (const PeakLoop &p : kPeakLoops)
+        if (p.read == g_peaks.read)
+            benchmark::AddCustomContext("read_isa", mha_isa_name(p.isa));
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    // The L3 size the OS reports (0 when unknown): report.py marks the decode cases that fit.
+    benchmark::AddCustomContext("l3_bytes", std::to_string(sysconf(_SC_LEVEL3_CACHE_SIZE)));
+#endif
     std::fprintf(stderr, "peak: memcpy 64 MiB  %8.1f GB/s (2 x bytes) on %d threads\n",
                  g_peaks.memcpy_gbps, g_peaks.threads);
 }
@@ -483,6 +708,18 @@ void print_shapes_json(bool quick)
                 sep = ", ";
             }
         std::printf("]}");
+        first = false;
+    }
+    for (const Case &c : kCases) {
+        if (!selected(c, quick))
+            continue;
+        std::printf("%s  {\"name\": \"%s\", \"group\": \"%s\", \"batch\": %d, \"seq\": %d, "
+                    "\"seq_q\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
+                    "\"causal\": true, \"modifier\": \"%s\", \"value\": %g, "
+                    "\"reference\": \"%s\", \"target\": %g, \"families\": [\"%s\"]}",
+                    first ? "" : ",\n", c.name, c.group, c.batch, c.seq_kv, c.seq_q, c.heads,
+                    c.kv_heads, c.head_dim, kModifierNames[c.modifier], c.value,
+                    kReferenceNames[c.ref], c.target, family_name(c.family));
         first = false;
     }
     std::printf("\n]\n");
@@ -536,6 +773,24 @@ void register_all(bool quick, double scalar_cap_gflop)
         for (mha_isa isa : isas)
             if ((s.runs & LAYER) && runs(isa, layer_flops(s)))
                 add("layer/" + sn + "/" + mha_isa_name(isa), bm_layer, isa);
+    }
+    // Each ISA's call and its reference back to back (the reference's FLOP decide
+    // whether scalar runs it).
+    for (const Case &c : kCases) {
+        if (!selected(c, quick))
+            continue;
+        const std::string prefix = std::string(family_name(c.family)) + "/" + c.name + "/";
+        for (mha_isa isa : isas)
+            for (bool ref : {false, true}) {
+                if ((ref && c.ref == NO_REF)
+                    || (isa == MHA_ISA_SCALAR && case_flops(c, ref) > scalar_cap_gflop * 1e9))
+                    continue;
+                const std::string name = prefix + mha_isa_name(isa) + (ref ? "-ref" : "");
+                benchmark::RegisterBenchmark(name.c_str(), bm_case, &c, isa, ref)
+                    ->UseManualTime()
+                    ->MinTime(min_time)
+                    ->Unit(benchmark::kMillisecond);
+            }
     }
     register_peaks(min_time);
 }

@@ -1,5 +1,6 @@
-/* Scalar FMA-throughput loop and memcpy bandwidth, compiled plain (no ISA flags,
- * auto-vectorization off) so the scalar peak is that of one float per instruction.
+/* Scalar FMA-throughput loop, plain read and memcpy bandwidth, compiled plain (no
+ * ISA flags, auto-vectorization off) so the scalar peak is that of one float per
+ * instruction.
  *
  * 12 independent chains a = a*m + c: on x86-64 without -mfma each step is a
  * mulss and an addss, on AArch64 a fmadd; with latencies of 3 to 5 cycles and
@@ -36,6 +37,28 @@ double mha_peak_fma__scalar(int64_t iters)
     }
     mha_peak_sink = sink;
     return flops;
+}
+
+/* 8 scalar accumulators: one float per load, the read of a CPU without SIMD. */
+double mha_peak_read__scalar(const float *k, const float *v, int64_t slabs, int64_t slab_floats)
+{
+    float sink = 0.0f;
+#pragma omp parallel for schedule(static) reduction(+ : sink)
+    for (int64_t s = 0; s < slabs; s++)
+        for (int t = 0; t < 2; t++) {
+            const float *p = (t ? v : k) + s * slab_floats;
+            float a[8] = {0};
+            int64_t i = 0;
+            for (; i + 8 <= slab_floats; i += 8)
+                for (int j = 0; j < 8; j++)
+                    a[j] += p[i + j];
+            for (; i < slab_floats; i++)
+                a[0] += p[i];
+            for (int j = 0; j < 8; j++)
+                sink += a[j];
+        }
+    mha_peak_sink = sink;
+    return 2.0 * (double)slabs * (double)slab_floats * sizeof(float);
 }
 
 double mha_peak_memcpy(void *dst, const void *src, size_t bytes)

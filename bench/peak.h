@@ -9,7 +9,13 @@
  *
  * mha_peak_memcpy splits a memcpy of `bytes` bytes from src to dst across the
  * OpenMP threads and returns the bytes moved: 2 * bytes (each byte is read once
- * and written once), the convention the head transpose's bytes/s also uses. */
+ * and written once), the convention the head transpose's bytes/s also uses.
+ *
+ * Each mha_peak_read__<isa> reads k and v, `slabs` slabs of `slab_floats`
+ * floats each, with that ISA's widest loads summed into independent
+ * accumulators, one OpenMP `parallel for` over the slabs (static schedule), and
+ * returns the bytes read (2 * slabs * slab_floats * 4): the plain read of a KV
+ * cache [slabs = B*Hkv][Skv][dh] that the decode benchmarks compare with. */
 #ifndef MHA_BENCH_PEAK_H
 #define MHA_BENCH_PEAK_H
 
@@ -22,7 +28,10 @@
 extern "C" {
 #endif
 
-#define MHA_PEAK_DECLARE_(name, value) double mha_peak_fma__##name(int64_t iters);
+#define MHA_PEAK_DECLARE_(name, value)                                                            \
+    double mha_peak_fma__##name(int64_t iters);                                                   \
+    double mha_peak_read__##name(const float *k, const float *v, int64_t slabs,                   \
+                                 int64_t slab_floats);
 MHA_ISA_BUILT(MHA_PEAK_DECLARE_)
 #undef MHA_PEAK_DECLARE_
 double mha_peak_memcpy(void *dst, const void *src, size_t bytes);

@@ -24,6 +24,25 @@ spins on the cores another is timed on; tools/bench.sh runs each in turn.
                (INFERENCE_PRECISION_HINT; its default on AVX-512 is bf16) on
                --threads threads.
 
+Cached and modified attention (families decode, prefill, modifier: the last
+seq_q rows of seq positions, causal):
+  onnxruntime  com.microsoft GroupQueryAttention, its LLM path: q, k, v of the
+               seq_q new rows [B, seq_q, heads*dh]; past_key and past_value
+               [B, Hkv, seq, dh] bound (IOBinding) to the same buffers as
+               present_key and present_value, which makes the CPU kernel share
+               them (past_present_share_buffer: the new rows are written in
+               place, the cache is not copied); seqlens_k = seq - 1,
+               total_sequence_length = seq. Window: local_window_size =
+               window (both count the current key); softcap: softcap;
+               sinks: head_sink; ALiBi: a dense attention_bias [1, H, S, S]
+               (the op has no slopes).
+  torch        scaled_dot_product_attention with enable_gqa: decode with no
+               mask (the one row sees every key; is_causal would align to the
+               top-left), the chunk with causal_lower_right, the window as a
+               boolean mask [S, S], ALiBi as an additive mask [1, H, S, S]
+               with -inf above the diagonal; it has no softcap or sinks.
+  openvino     not run on these.
+
 The QKV projection's peer (OpenBLAS) is in the C++ harness.
 
 Usage: peers.py --peer NAME --shapes shapes.json [--threads 2] [--min-time 0.3]
@@ -98,15 +117,33 @@ class Inputs:
                 self.uniform((e,), bound))
 
 
+def case_dims(s):
+    """b, h, hkv, seq_q, seq (the positions, and the cache rows), dh."""
+    return s["batch"], s["heads"], s["kv_heads"], s["seq_q"], s["seq"], s["head_dim"]
+
+
+def alibi_bias(s, causal_inf):
+    """ALiBi as a dense [1, H, S, S] bias: slopes 2^(-8(h+1)/H) times (j - i), as
+    bench/main.cc; -inf above the diagonal when causal_inf."""
+    h, n = s["heads"], s["seq"]
+    slopes = 2.0 ** (-8.0 * np.arange(1, h + 1, dtype=np.float32) / h)
+    dist = (np.arange(n, dtype=np.float32)[None, :] - np.arange(n, dtype=np.float32)[:, None])
+    bias = slopes[:, None, None] * dist[None]
+    if causal_inf:
+        bias[:, dist > 0] = -np.inf
+    return bias[None].astype(np.float32)
+
+
 class Ort:
     OPS = ("Attention", "MultiHeadAttention")  # timed each, the faster kept
+    VARIANTS = {"attention": OPS, "layer": OPS}  # families whose ops are timed each
 
     def __init__(self, threads):
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
         self.ort, self.helper, self.nh = ort, helper, numpy_helper
-        self.F = TensorProto.FLOAT
+        self.F, self.I32 = TensorProto.FLOAT, TensorProto.INT32
         self.threads = threads
         self.version = ort.__version__
 
@@ -186,6 +223,56 @@ class Ort:
         feeds = {"x": x}
         return lambda: sess.run(None, feeds)
 
+    def _gqa(self, s):
+        """GroupQueryAttention on the last seq_q of seq positions, over a shared
+        past/present buffer of seq rows, with the case's modifier."""
+        ort, helper = self.ort, self.helper
+        b, h, hkv, sq, n, dh = case_dims(s)
+        inputs = Inputs(s)
+        feeds = {"q": inputs.uniform((b, sq, h * dh)), "k": inputs.uniform((b, sq, hkv * dh)),
+                 "v": inputs.uniform((b, sq, hkv * dh)),
+                 "seqlens_k": np.full(b, n - 1, np.int32), "total": np.array(n, np.int32)}
+        attrs = {"num_heads": h, "kv_num_heads": hkv}
+        extra = {}
+        if s["modifier"] == "window":
+            attrs["local_window_size"] = int(s["value"])
+        elif s["modifier"] == "softcap":
+            attrs["softcap"] = float(s["value"])
+        elif s["modifier"] == "alibi":
+            extra["bias"] = alibi_bias(s, False)
+        elif s["modifier"] == "sinks":
+            extra["sinks"] = np.ones(h, np.float32)
+        feeds.update(extra)
+        names = ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total", "", "", "",
+                 "bias" if "bias" in extra else "", "sinks" if "sinks" in extra else ""]
+        while not names[-1]:
+            names.pop()
+        cache = (b, hkv, n, dh)
+        ins = [self._tensor(x, feeds[x].shape) for x in ("q", "k", "v")]
+        ins += [self._tensor("past_k", cache), self._tensor("past_v", cache),
+                helper.make_tensor_value_info("seqlens_k", self.I32, [b]),
+                helper.make_tensor_value_info("total", self.I32, [])]
+        ins += [self._tensor(x, y.shape) for x, y in extra.items()]
+        node = helper.make_node("GroupQueryAttention", names, ["o", "present_k", "present_v"],
+                                domain="com.microsoft", **attrs)
+        sess = self._session([node], ins, [self._tensor("o", (b, sq, h * dh)),
+                                           self._tensor("present_k", cache),
+                                           self._tensor("present_v", cache)])
+        io = sess.io_binding()
+        for name, x in feeds.items():
+            io.bind_cpu_input(name, x)
+        bufs = [ort.OrtValue.ortvalue_from_numpy(inputs.uniform(cache)) for _ in range(2)]
+        for buf, past, present in zip(bufs, ("past_k", "past_v"), ("present_k", "present_v")):
+            io.bind_ortvalue_input(past, buf)
+            io.bind_ortvalue_output(present, buf)
+        io.bind_output("o")
+        sess.run_with_iobinding(io)
+        if [x.data_ptr() for x in io.get_outputs()[:2]] != [x.data_ptr() for x in bufs]:
+            return "GroupQueryAttention did not write present_key/value into the past buffers"
+        return lambda: sess.run_with_iobinding(io)
+
+    decode = prefill = modifier = _gqa
+
 
 class Torch:
     def __init__(self, threads):
@@ -209,6 +296,42 @@ class Torch:
                 sdpa(q, k, v, is_causal=s["causal"], enable_gqa=gqa)
 
         return call
+
+    def _cached(self, s):
+        """SDPA of the last seq_q of seq positions: q [B, H, seq_q, dh], k and v
+        [B, Hkv, seq, dh], with the case's mask."""
+        torch = self.torch
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        b, h, hkv, sq, n, dh = case_dims(s)
+        inputs = Inputs(s)
+        q = self._tensor(inputs.uniform((b, h, sq, dh)))
+        k, v = (self._tensor(inputs.uniform((b, hkv, n, dh))) for _ in range(2))
+        kwargs = {"enable_gqa": hkv != h}
+        mod = s["modifier"]
+        if mod in ("softcap", "sinks"):
+            return f"scaled_dot_product_attention has no {mod}"
+        # Decode (one row, at the last position) takes no mask: it sees every key, and
+        # is_causal would align to the top left.
+        if 1 < sq < n:
+            from torch.nn.attention.bias import causal_lower_right
+
+            kwargs["attn_mask"] = causal_lower_right(sq, n)
+        elif mod == "window":
+            i = torch.arange(n)[:, None]
+            j = torch.arange(n)[None, :]
+            kwargs["attn_mask"] = (j <= i) & (j > i - int(s["value"]))
+        elif mod == "alibi":
+            kwargs["attn_mask"] = self._tensor(alibi_bias(s, True))
+        elif sq == n:
+            kwargs["is_causal"] = True
+
+        def call():
+            with torch.inference_mode():
+                sdpa(q, k, v, **kwargs)
+
+        return call
+
+    decode = prefill = modifier = _cached
 
     def layer(self, s):
         torch = self.torch
@@ -286,9 +409,11 @@ class OpenVino:
 
 
 # peer -> (class, {family: impl}); impl names the report's column.
+CACHED = ("decode", "prefill", "modifier")
 PEERS = {
-    "onnxruntime": (Ort, {"attention": "ort", "layer": "ort"}),
-    "torch": (Torch, {"attention": "torch_sdpa", "layer": "torch_mha"}),
+    "onnxruntime": (Ort, {"attention": "ort", "layer": "ort", **dict.fromkeys(CACHED, "ort_gqa")}),
+    "torch": (Torch, {"attention": "torch_sdpa", "layer": "torch_mha",
+                      **dict.fromkeys(CACHED, "torch_sdpa")}),
     "openvino": (OpenVino, {"attention": "openvino", "layer": "openvino"}),
 }
 
@@ -306,11 +431,12 @@ def run(build, args):
 
 def measure(peer, family, s, args):
     """The record's timing fields, or {"skipped": reason}. ONNX Runtime times
-    each of its attention ops and keeps the faster."""
-    if not isinstance(peer, Ort):
+    each of its attention ops and keeps the faster (dense families)."""
+    ops = getattr(peer, "VARIANTS", {}).get(family)
+    if not ops:
         t = run(lambda: getattr(peer, family)(s), args)
         return {"skipped": t} if isinstance(t, str) else {"seconds": t[0], "calls": t[1]}
-    times = {op: run(lambda op=op: getattr(peer, family)(s, op), args) for op in Ort.OPS}
+    times = {op: run(lambda op=op: getattr(peer, family)(s, op), args) for op in ops}
     ran = {op: t for op, t in times.items() if not isinstance(t, str)}
     if not ran:
         return {"skipped": "; ".join(f"{op}: {why}" for op, why in times.items())}

@@ -6,7 +6,12 @@ Writes to --out-dir:
                   call, GFLOP/s (GB/s for the transpose), % of the measured peak
   table.md        one section per kernel family, one row per (shape, libmha ISA
                   of this CPU, peer): GFLOP/s, % of peak, and on libmha's rows
-                  its ratio to each peer, to the best peer and to scalar
+                  its ratio to each peer, to the best peer and to scalar; for
+                  decode, prefill and the score modifiers also libmha's
+                  reference (<isa>-ref: mha_attention, the full causal
+                  attention, the call without the modifier) and the stated
+                  target of libmha over it; decode in GB/s and % of a plain
+                  read of the same K and V bytes
   attention.png   attention GFLOP/s against sequence length (B=1, 12 heads, dh 64),
                   every ISA and peer
   layer_seq.png   the whole layer, same shapes
@@ -16,6 +21,8 @@ GFLOP/s come from seconds per call and the FLOP counts of bench/main.cc:
   GEMM 2*M*N*K; attention 4*B*H*Sq*Skv*dh, halved when causal; the layer is the
   QKV projection + attention + output projection. The transpose moves 2 * tensor
   bytes per call (read once, written once), as memcpy's bandwidth is counted.
+  Decode counts the K and V bytes read, 2*B*Hkv*Skv*dh*4; prefill and the
+  modifiers 4*dh FLOP per (b, h, query row, key the mask leaves visible).
 The peak is the machine's FMA peak with its widest FMA: the best FMA loop of
 every ISA the harness measured (bench/peak_<isa>.c). With several rounds
 (--bench and --peers repeated), each entry keeps its best (shortest) time.
@@ -46,6 +53,12 @@ PEERS = {
         "openvino": ("OpenVINO", "OpenVINO MatMul + SDPA"),
     },
 }
+CACHED = ("decode", "prefill", "modifier")  # the families of bench/main.cc's kCases
+for _family in CACHED:
+    PEERS[_family] = {
+        "ort_gqa": ("ORT GQA", "ONNX Runtime com.microsoft GroupQueryAttention"),
+        "torch_sdpa": ("torch SDPA", "torch scaled_dot_product_attention"),
+    }
 FRAMEWORKS = ["onnxruntime", "torch", "openvino"]  # peers.py --peer
 ORT_OPS = {"Attention": "Attention op", "MultiHeadAttention": "com.microsoft MHA"}
 FAMILY_TITLES = {
@@ -53,11 +66,36 @@ FAMILY_TITLES = {
     "attention": "attention",
     "transpose": "head transpose",
     "layer": "whole layer",
+    "decode": "decode (one query row per sequence on a KV cache)",
+    "prefill": "chunked prefill",
+    "modifier": "score modifiers",
+}
+# What libmha's <isa>-ref runs, per the case's "reference" (bench/main.cc).
+REFERENCES = {
+    "attention": "mha_attention, Sq=1 over the same K, V",
+    "full": "mha_attention, causal over all S rows",
+    "plain": "the same call without it",
+    "dense": "ALiBi as a dense bias [1,H,S,S]",
 }
 
 
-def work(family, s):
-    """FLOP per call (bytes per call for the transpose), as in bench/main.cc."""
+def case_work(family, s, ref):
+    """K and V bytes per decode call; FLOP per prefill or modifier call (of its
+    reference when ref), as case_flops and kv_bytes of bench/main.cc."""
+    b, n, h, hkv, dh = s["batch"], s["seq"], s["heads"], s["kv_heads"], s["head_dim"]
+    if family == "decode":
+        return 2.0 * b * hkv * n * dh * 4
+    sq = n if ref and s["reference"] == "full" else s["seq_q"]
+    window = s["value"] if s["modifier"] == "window" and not ref else n
+    # Row i sits at position n - sq + i and sees min(that + 1, window) keys.
+    seen = sum(min(n - sq + i + 1, window) for i in range(sq))
+    return 4.0 * b * h * dh * seen
+
+
+def work(family, s, impl=""):
+    """FLOP per call (bytes per call for the transpose and decode), as in bench/main.cc."""
+    if family in CACHED:
+        return case_work(family, s, impl.endswith("-ref"))
     b, n, h, hkv, dh = s["batch"], s["seq"], s["heads"], s["kv_heads"], s["head_dim"]
     e, m = h * dh, b * n
     qkv = 2.0 * m * (h + 2 * hkv) * dh * e
@@ -74,10 +112,10 @@ def load_bench(paths):
     """(family, shape, impl) -> seconds per call, best over the files; errors; the
     context; the peaks: the best of every measurement (before the benchmarks, and
     the peak/fma/<isa>, peak/memcpy/64MiB benchmarks at their start and end), as
-    {"fma": {isa: GFLOP/s}, "memcpy": GB/s}; and for the transpose, the seconds of
-    a memcpy of the same bytes interleaved with it (from the same run as the best
-    time)."""
-    times, errors, context, copy_times = {}, {}, {}, {}
+    {"fma": {isa: GFLOP/s}, "memcpy": GB/s}; and the counters of the run with the
+    best time: for the transpose, the seconds of a memcpy of the same bytes
+    interleaved with it (memcpy_s), for decode the plain read's GB/s and %read."""
+    times, errors, context, counters = {}, {}, {}, {}
     peaks = {"fma": {}, "memcpy": 0.0}
 
     def better_fma(isa, g):
@@ -109,9 +147,8 @@ def load_bench(paths):
             t = b["real_time"] * scale
             if t <= times.get(key, t):
                 times[key] = t
-                if "memcpy_s" in b:
-                    copy_times[key] = b["memcpy_s"]
-    return times, errors, context, peaks, copy_times
+                counters[key] = {k: b[k] for k in ("memcpy_s", "read_GB/s", "%read") if k in b}
+    return times, errors, context, peaks, counters
 
 
 def load_peers(paths):
@@ -173,7 +210,7 @@ def main():
     args = ap.parse_args()
     with open(args.shapes) as f:
         shapes = json.load(f)
-    btimes, berrors, bctx, peaks, copy_times = load_bench(args.bench)
+    btimes, berrors, bctx, peaks, counters = load_bench(args.bench)
     ptimes, pskipped, pextra, pctx = load_peers(args.peers)
     times = {**btimes, **ptimes}
 
@@ -194,6 +231,8 @@ def main():
         "openblas": bctx.get("openblas", "not built"),
         "openblas_core": openblas_core(bctx, args.openblas_detected),
         "scalar_cap_gflop": bctx.get("scalar_cap_gflop", "?"),
+        "read_isa": bctx.get("read_isa", "?"),
+        "l3_bytes": int(bctx.get("l3_bytes", 0)),
         # A framework missing from every peers file was not run (--quick: ONNX Runtime only).
         "peers": {p: pctx.get(p, "not run") for p in FRAMEWORKS},
     }
@@ -201,7 +240,7 @@ def main():
     def rate(family, s, impl):
         """GFLOP/s (GB/s for the transpose), or None when not measured."""
         t = times.get((family, s["name"], impl))
-        return None if t is None else work(family, s) / t / 1e9
+        return None if t is None else work(family, s, impl) / t / 1e9
 
     results = []
     for (family, shape, impl), t in sorted(times.items()):
@@ -210,9 +249,17 @@ def main():
             continue
         r = rate(family, s, impl)
         rec = {"family": family, "shape": shape, "impl": impl, "seconds": t}
+        extra = counters.get((family, shape, impl), {})
         if family == "transpose":
-            copy = copy_times.get((family, shape, impl))
+            copy = extra.get("memcpy_s")
             rec.update(gbps=r, pct_memcpy=100 * copy / t if copy else 100 * r / info["memcpy_gbps"])
+        elif family == "decode":
+            # A peer's % of read is over the best plain read of these bytes in mha-bench.
+            read = extra.get("read_GB/s") or max(
+                (c["read_GB/s"] for (f, sh, _), c in counters.items()
+                 if (f, sh) == (family, shape) and "read_GB/s" in c), default=None)
+            rec.update(gbps=r, read_gbps=read,
+                       pct_read=extra.get("%read", 100 * r / read if read else None))
         else:
             rec.update(gflops=r, pct_peak=100 * r / info["peak_gflops"])
             if impl in isa_peak:
@@ -245,6 +292,129 @@ def shape_text(s):
 
 def ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "—"
+
+
+def mib(nbytes):
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+
+
+def case_text(family, s, info):
+    b, h, hkv, dh = s["batch"], s["heads"], s["kv_heads"], s["head_dim"]
+    n, sq = s["seq"], s["seq_q"]
+    heads = f"H={h}" + (f" Hkv={hkv}" if hkv != h else "") + f" dh={dh}"
+    if family == "decode":
+        kv, l3 = case_work(family, s, False), info["l3_bytes"]
+        where = "" if not l3 else ", fits in L3" if kv <= l3 else ", beyond L3"
+        return f"B={b} Skv={n} {heads}, K+V {mib(kv)}{where}"
+    if family == "prefill":
+        return f"B={b} {sq} rows onto {n - sq} cached, {heads} causal"
+    mod = {"window": f"window {s['value']:g}", "softcap": f"softcap {s['value']:g}",
+           "alibi": "ALiBi slopes", "sinks": "sinks"}[s["modifier"]]
+    return f"B={b} S={n} {heads} causal, {mod}"
+
+
+def target_cell(family, s, speedup):
+    """libmha over its reference (prefill: GFLOP/s ratio; else time ratio), against
+    the case's stated target."""
+    t = s["target"]
+    if speedup is None:
+        return "—"
+    if not t:
+        return f"{speedup:.2f}x"
+    goal = f"≥ {t:g}x"
+    if t < 1:
+        goal += (f": GFLOP/s within {100 * (1 - t):.0f}%" if family == "prefill"
+                 else f": ≤ {1 / t:.3g}x the time")
+    return f"{speedup:.2f}x ({goal}, {'met' if speedup >= t else 'missed'})"
+
+
+def case_tables(shapes, rate, info, by_key):
+    """The decode, prefill and modifier sections of table.md: per case, each libmha
+    ISA with its reference right below, then the peers."""
+    isas, lines = info["isas"], []
+    for family in CACHED:
+        cases = [s for s in shapes if family in s["families"]]
+        fam_peers = {impl: v for impl, v in PEERS[family].items()
+                     if any(rate(family, s, impl) for s in cases)}
+        scalar = any(rate(family, s, "scalar") for s in cases)
+        unit, pct_col = ("GB/s", "% of read") if family == "decode" else ("GFLOP/s", "% of peak")
+        head = ["case", "implementation", "ms", unit, pct_col, "vs reference (target)"]
+        head += [f"vs {col}" for col, _ in fam_peers.values()]
+        head += ["vs best peer"] if len(fam_peers) > 1 else []
+        head += ["vs scalar"] if scalar else []
+        rows, notes = [], []
+
+        def row(cell, name, s, impl, rest):
+            rec = by_key[(family, s["name"], impl)]
+            pct = rec["pct_read" if family == "decode" else "pct_peak"]
+            return [cell, name, fmt(rec["seconds"] * 1e3), fmt(rate(family, s, impl)),
+                    "—" if pct is None else f"{pct:.0f}%"] + rest
+
+        for s in cases:
+            theirs = {impl: rate(family, s, impl) for impl in fam_peers}
+            best_peer = max((p for p in theirs if theirs[p]), key=theirs.get, default=None)
+            cell = f"{s['name']} ({case_text(family, s, info)})"
+            ref_name = REFERENCES.get(s["reference"])
+            for isa in reversed(isas):
+                r, r_ref = rate(family, s, isa), rate(family, s, isa + "-ref")
+                if r:
+                    # The window and the full causal reference differ in work from the call.
+                    t, t_ref = (by_key.get((family, s["name"], i), {}).get("seconds")
+                                for i in (isa, isa + "-ref"))
+                    speedup = None if not r_ref else r / r_ref if family == "prefill" else t_ref / t
+                    rest = [target_cell(family, s, speedup) if ref_name else ""]
+                    rest += [ratio(r, theirs[p]) for p in fam_peers]
+                    if len(fam_peers) > 1:
+                        rest += [f"{ratio(r, theirs[best_peer])} {fam_peers[best_peer][0]}"
+                                 if best_peer else "—"]
+                    if scalar:
+                        rest += [ratio(r, rate(family, s, "scalar")) if isa != "scalar" else ""]
+                    rows.append(row(cell, f"libmha {isa}", s, isa, rest))
+                    cell = ""
+                if r_ref:
+                    rows.append(row(cell, f"libmha {isa}: {ref_name}", s, isa + "-ref",
+                                    [""] * (len(head) - 5)))
+                    cell = ""
+            for impl, (col, _) in fam_peers.items():
+                if theirs[impl]:
+                    rows.append(row(cell, col, s, impl, [""] * (len(head) - 5)))
+                    cell = ""
+            if s["modifier"] == "alibi":
+                h, n = s["heads"], s["seq"]
+                notes.append(f"{s['name']}: the slopes are {h} floats ({4 * h} B); the dense "
+                             f"bias [1,{h},{n},{n}] of the reference and of ORT GQA (which has "
+                             f"no slopes) is {mib(4.0 * h * n * n)}, O(S^2).")
+        if rows:
+            lines += ["", f"## {FAMILY_TITLES[family]}", "", CASE_TEXT[family].format(**info), "",
+                      "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            lines += [""] * bool(notes) + notes
+    return lines
+
+
+# The paragraph above each case table (formatted with the report's info).
+CASE_TEXT = {
+    "decode": "GB/s: the K and V bytes a step reads (2*B*Hkv*Skv*dh*4) per second; the cache "
+    "is [B][Hkv][cap = Skv][dh] f32, read by mha_attention_cached (causal, one row at the "
+    "last position). % of read: over a plain read of the same bytes ({read_isa} loads "
+    "summed, the same threads, split the same way by (b, kv head) slab), timed right before "
+    "each call on the same buffers, which each side finds as the other left them; \"fits in "
+    "L3\" when K+V is at most the L3 size the OS reports. A peer's % of read is over the best "
+    "plain read of those bytes in mha-bench. The reference is the same attention through "
+    "mha_attention (Sq = 1 over contiguous K, V). ORT GQA also writes the step's one new K, V "
+    "row into the shared cache.",
+    "prefill": "A chunk of new query rows onto the cached ones through mha_attention_cached "
+    "(lens = the rows after the chunk, causal), against mha_attention causal over all those "
+    "rows. GFLOP/s count only what causality leaves: 4*dh per (b, h, row, visible key), the "
+    "row at position p seeing p + 1 keys; \"vs reference\" is the GFLOP/s ratio. ORT GQA "
+    "writes the chunk's K, V rows into the shared cache in the same call.",
+    "modifier": "mha_attention (B=1, H=12, dh=64, causal) with a score modifier, against its "
+    "reference: the same call without the modifier (ALiBi: the same biases as a dense "
+    "[1,H,S,S] bias). GFLOP/s count the keys the mask leaves (a window of w: at most w per "
+    "row); \"vs reference\" is the time ratio. ORT GQA takes local_window_size, softcap, "
+    "head_sink and, for ALiBi, the dense bias as attention_bias; torch SDPA gets the window "
+    "as a boolean mask and ALiBi as an additive mask, and has no softcap or sinks.",
+}
 
 
 def write_table(out_dir, shapes, rate, info, skipped, by_key):
@@ -330,6 +500,7 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
             lines += ["", f"## {FAMILY_TITLES[family]}", "",
                       "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += case_tables(shapes, rate, info, by_key)
     notes = [
         f"- libmha scalar runs only where a call is at most {info['scalar_cap_gflop']} "
         "GFLOP (`--scalar-cap`); above, it has no row."
@@ -344,6 +515,9 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
     by_reason = {}
     for sk in skipped:
         by_reason.setdefault(sk["reason"], []).append(f"{sk['family']}/{sk['shape']}/{sk['impl']}")
+    if any(any(f in s["families"] for f in CACHED) for s in shapes):
+        notes.append(f"- {', '.join(CACHED)}: OpenVINO is not run (peers.py times ONNX Runtime "
+                     "GroupQueryAttention and torch SDPA there)")
     for why, keys in by_reason.items():
         if not any(why.startswith(f"{p} not available") for p in FRAMEWORKS):  # said above
             notes.append(f"- {', '.join(keys)}: {why}")

@@ -17,18 +17,22 @@
 # 3. builds mha-bench (meson -Dbench=true) in DIR (default build-bench);
 # 4. sets OPENBLAS_CORETYPE when OpenBLAS picked a pre-AVX2 fallback core on a
 #    CPU with AVX-512 (SkylakeX) or AVX2 (Haswell), unless it is set already;
-# 5. runs R rounds of mha-bench (libmha per ISA, OpenBLAS) then peers.py once
-#    per peer, each in its own process, same shapes and thread count;
+# 5. runs R rounds of mha-bench (libmha per ISA, OpenBLAS; the dense shapes,
+#    then the decode, chunked-prefill and score-modifier cases, each next to
+#    its reference) then peers.py once per peer, each in its own process, same
+#    shapes and thread count;
 # 6. writes the report with bench/report.py (Debian's python3 and matplotlib).
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
 # JSON), peers-<r>-<peer>.json, shapes.json, results.json, table.md,
 # attention.png, layer_seq.png, layer.png.
 #
-# --quick: 4 small shapes, short runs, 1 round, ONNX Runtime the only peer (CI
-# smoke test, well under 2 minutes once built). Full: every shape, every peer,
-# 1 round, about 2.5-5 minutes on 2 cores (the first run also downloads torch
-# and its CUDA wheels, about 2.5 GB); --rounds 2 or more alternates mha-bench
+# --quick: 4 small shapes and one decode case, short runs, 1 round, ONNX
+# Runtime the only peer (CI smoke test, well under 2 minutes once built). Full:
+# every shape, every peer, 1 round, about 4-6.5 minutes on 2 cores, of which
+# the decode, prefill and modifier cases take about 1.5 (the first run also
+# downloads torch and its CUDA wheels, about 2.5 GB; up to 1 GiB of KV cache
+# per process); --rounds 2 or more alternates mha-bench
 # and the peers again, each entry keeping its best time. --shapes runs only the
 # shapes of these names (bench/main.cc), for development. --threads defaults
 # to the number of CPUs and sets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and the
