@@ -146,7 +146,7 @@ MHA_API mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t
    usually 1/sqrt(dh). out: [B][H][Sq][dv] (MHA_LAYOUT_BHSD) or heads merged
    [B][Sq][H*dv] (MHA_LAYOUT_BSHD). dv = v_head_dim, or dh when it is 0. mask may be
    NULL. Extra memory is a few tiles per thread, plus, when few (b, kv head) pairs
-   meet many keys, partial results of at most 32 key chunks per query row: never
+   meet many keys, partial results of at most 64 key chunks per query row: never
    anything that grows with Skv. */
 typedef struct mha_attn_dims {
     int32_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
@@ -234,7 +234,10 @@ MHA_API mha_status mha_qkv_project(const mha_layer *layer, const float *query, c
    with scale 1/sqrt(head_dim). key and value may equal query (self-attention).
    workspace may be NULL (the library allocates); otherwise it must hold at least
    mha_layer_workspace_size(...) bytes (less is MHA_ERR_ARG) and the call allocates
-   nothing. mha_layer_workspace_size returns 0 for a NULL layer or invalid sizes. */
+   nothing: the workspace also holds the attention's tiles, one set per thread of the
+   thread count at the time of mha_layer_workspace_size (OpenMP's, or the online CPUs
+   with a caller's pool); should more threads run the call, they take turns. It
+   returns 0 for a NULL layer or invalid sizes. */
 MHA_API size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q,
                                         int32_t seq_kv);
 MHA_API mha_status mha_layer_forward(const mha_layer *layer, const float *query, const float *key,

@@ -533,6 +533,7 @@ static void qkv_run(const mha_kernels *kt, const mha_layer *L, const packed_weig
 /* Float counts of a forward pass's intermediates, or 0 on a bad shape. */
 typedef struct fwd_sizes {
     int64_t q, k, v, merged;
+    size_t arena; /* the attention's memory (mha_attention_arena_bytes) */
 } fwd_sizes;
 
 static mha_status forward_sizes(const mha_layer *L, int32_t batch, int32_t seq_q, int32_t seq_kv,
@@ -550,6 +551,7 @@ static mha_status forward_sizes(const mha_layer *L, int32_t batch, int32_t seq_q
         || COUNT(batch, seq_q, L->q_in) < 0 || COUNT(batch, seq_kv, L->k_in) < 0
         || COUNT(batch, seq_kv, L->v_in) < 0 || COUNT(batch, seq_q, seq_kv) < 0)
         return MHA_ERR_SHAPE;
+    s->arena = mha_attention_arena_bytes(batch, L->heads, L->kv_heads, seq_q, L->v_dim);
     return MHA_OK;
 }
 
@@ -558,17 +560,17 @@ static size_t aligned_bytes(int64_t floats)
     return ((size_t)floats * sizeof(float) + MHA_ALIGN - 1) / MHA_ALIGN * MHA_ALIGN;
 }
 
-/* The workspace: q, k, v and merged one after another, 64-byte aligned, plus
-   `extra` bytes after them. */
+/* The workspace: q, k, v, merged and the attention's arena one after another,
+   64-byte aligned, plus `extra` bytes after them. */
 static size_t workspace_bytes(const fwd_sizes *s, size_t extra)
 {
     return MHA_ALIGN + aligned_bytes(s->q) + aligned_bytes(s->k) + aligned_bytes(s->v)
-           + aligned_bytes(s->merged) + extra;
+           + aligned_bytes(s->merged) + s->arena + extra;
 }
 
 typedef struct workspace_parts {
     float *q, *k, *v, *merged;
-    void *extra;
+    void *arena, *extra;
     void *owned; /* allocated by the call, else NULL */
 } workspace_parts;
 
@@ -587,7 +589,8 @@ static mha_status workspace_take(void *workspace, size_t need, const fwd_sizes *
     w->k = (float *)(base += aligned_bytes(s->q));
     w->v = (float *)(base += aligned_bytes(s->k));
     w->merged = (float *)(base += aligned_bytes(s->v));
-    w->extra = base + aligned_bytes(s->merged);
+    w->arena = base += aligned_bytes(s->merged);
+    w->extra = base + s->arena;
     return MHA_OK;
 }
 
@@ -678,7 +681,7 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
         .out = layer->out_dim > 0 ? w.merged : out, .layout = MHA_LAYOUT_BSHD,
     };
     mha_attn_plan plan;
-    st = mha_attention_prepare(kt, &a, &plan);
+    st = mha_attention_prepare(kt, &a, w.arena, s.arena, &plan);
     if (st == MHA_OK) {
         qkv_run(kt, layer, pw, query, key, value, batch, seq_q, seq_kv, w.q, w.k, w.v);
         mha_attention_exec(&plan);
@@ -765,7 +768,7 @@ mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
                      layer->out_dim > 0 ? w.merged : out, MHA_LAYOUT_BSHD, NULL, &unused, &a);
     mha_attn_plan plan;
     if (st == MHA_OK)
-        st = mha_attention_prepare(kt, &a, &plan);
+        st = mha_attention_prepare(kt, &a, w.arena, s.arena, &plan);
     if (st != MHA_OK) {
         free(w.owned);
         return st;

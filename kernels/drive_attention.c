@@ -53,24 +53,21 @@ static int32_t max_keys(const mha_attn_args *a)
     return m;
 }
 
-mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a,
-                                 mha_attn_plan *p)
+/* The cut of a call with `keys` keys at most per sequence, for blocks of at most
+ * br rows: p's head_run .. chunk_len. */
+static void cut(mha_attn_plan *p, int32_t br, int32_t batch, int32_t heads, int32_t kv_heads,
+                int32_t seq_q, int32_t keys)
 {
-    memset(p, 0, sizeof *p);
-    p->kt = kt;
-    p->a = *a;
-    const int32_t br = kt->attn_block_rows, G = a->heads / a->kv_heads;
-    if (a->seq_q >= br) {
+    const int32_t G = heads / kv_heads;
+    if (seq_q >= br) {
         p->head_run = 1, p->row_run = br;
-        p->qblocks = (a->seq_q + br - 1) / br;
+        p->qblocks = (seq_q + br - 1) / br;
     } else {
-        p->row_run = a->seq_q, p->qblocks = 1;
-        p->head_run = br / a->seq_q < G ? br / a->seq_q : G;
+        p->row_run = seq_q, p->qblocks = 1;
+        p->head_run = br / seq_q < G ? br / seq_q : G;
     }
     p->hgroups = (G + p->head_run - 1) / p->head_run;
-    p->blocks = (int64_t)a->batch * a->kv_heads * p->hgroups * p->qblocks;
-
-    const int32_t keys = max_keys(a);
+    p->blocks = (int64_t)batch * kv_heads * p->hgroups * p->qblocks;
     p->chunks = 1;
     p->chunk_len = keys;
     if (p->blocks < SPLIT_ITEMS && keys >= 2 * CHUNK_MIN) {
@@ -81,19 +78,70 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a,
         p->chunk_len = (int32_t)len;
         p->chunks = (int32_t)((keys + len - 1) / len);
     }
+}
 
-    const size_t kernel = kt->attn_scratch_bytes ? kt->attn_scratch_bytes() : 0;
+/* Bytes of the partial results (outputs, then lse) of a cut with chunks > 1. */
+static size_t partial_bytes(const mha_attn_plan *p, int32_t dv)
+{
+    if (p->chunks == 1)
+        return 0;
+    const int64_t rows = p->blocks * p->chunks * p->head_run * p->row_run;
+    return ((size_t)rows * (size_t)(dv + 1) * sizeof(float) + 63) / 64 * 64;
+}
+
+static size_t slot_bytes(const mha_kernels *kt)
+{
+    return rows_bytes() + (kt->attn_scratch_bytes ? kt->attn_scratch_bytes() : 0);
+}
+
+size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads, int32_t seq_q,
+                                 int32_t dv)
+{
+    size_t partials = 0, slot = 0;
+    for (int isa = 0; isa < MHA_ISA_COUNT; isa++) {
+        const mha_kernels *kt = mha_kernels_for((mha_isa)isa);
+        if (!kt)
+            continue;
+        /* The most chunks any lens gives: as if every sequence had many keys. */
+        mha_attn_plan p;
+        cut(&p, kt->attn_block_rows, batch, heads, kv_heads, seq_q, INT32_MAX);
+        partials = partial_bytes(&p, dv) > partials ? partial_bytes(&p, dv) : partials;
+        slot = slot_bytes(kt) > slot ? slot_bytes(kt) : slot;
+    }
+    const int64_t width = mha_parallel_width();
+    const size_t slots = (size_t)(width < 1 ? 1 : width > 64 ? 64 : width);
+    return partials + slots * ((slot + 63) / 64 * 64);
+}
+
+mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, void *arena,
+                                 size_t arena_bytes, mha_attn_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->kt = kt;
+    p->a = *a;
+    cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, max_keys(a));
     const int64_t items = p->blocks * p->chunks;
-    if (mha_scratch_init(&p->scratch, rows_bytes() + kernel, items) != MHA_OK)
+    const int64_t rows = items * p->head_run * p->row_run;
+    const size_t partials = partial_bytes(p, a->dv);
+    if (arena) {
+        if (partials) {
+            p->part_out = arena;
+            p->part_lse = p->part_out + rows * a->dv;
+        }
+        mha_scratch_place(&p->scratch, slot_bytes(kt), items, (char *)arena + partials,
+                          arena_bytes - partials);
+        return MHA_OK;
+    }
+    if (mha_scratch_init(&p->scratch, slot_bytes(kt), items) != MHA_OK)
         return MHA_ERR_NOMEM;
-    if (p->chunks > 1) {
-        const int64_t rows = (int64_t)p->head_run * p->row_run;
-        p->part_lse = malloc((size_t)(items * rows) * sizeof(float));
-        p->part_out = malloc((size_t)(items * rows * a->dv) * sizeof(float));
-        if (!p->part_lse || !p->part_out) {
+    if (partials) {
+        p->owned = malloc(partials);
+        if (!p->owned) {
             mha_attention_release(p);
             return MHA_ERR_NOMEM;
         }
+        p->part_out = p->owned;
+        p->part_lse = p->part_out + rows * a->dv;
     }
     return MHA_OK;
 }
@@ -101,9 +149,8 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a,
 void mha_attention_release(mha_attn_plan *p)
 {
     mha_scratch_free(&p->scratch);
-    free(p->part_lse);
-    free(p->part_out);
-    p->part_lse = p->part_out = NULL;
+    free(p->owned);
+    p->owned = NULL;
 }
 
 /* A block's place in the call. */
@@ -277,7 +324,7 @@ void mha_attention_exec(mha_attn_plan *p)
 mha_status mha_attention_run(const mha_kernels *kt, const mha_attn_args *a)
 {
     mha_attn_plan p;
-    const mha_status st = mha_attention_prepare(kt, a, &p);
+    const mha_status st = mha_attention_prepare(kt, a, NULL, 0, &p);
     if (st == MHA_OK)
         mha_attention_exec(&p);
     return st;

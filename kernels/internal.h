@@ -174,9 +174,13 @@ typedef struct mha_scratch {
     char *base;
     size_t per;
     int32_t slots;
+    int owned; /* base was allocated by init */
     _Atomic uint64_t busy;
 } mha_scratch;
 mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items);
+/* The same in the caller's memory (64-byte aligned, at least one slot of bytes):
+ * as many slots as fit, up to what init would allocate. */
+void mha_scratch_place(mha_scratch *s, size_t bytes, int64_t items, void *mem, size_t mem_bytes);
 void *mha_scratch_take(mha_scratch *s);
 void mha_scratch_give(mha_scratch *s, void *slot);
 void mha_scratch_free(mha_scratch *s);
@@ -234,13 +238,21 @@ typedef struct mha_attn_plan {
     int64_t blocks;
     mha_scratch scratch;
     float *part_out, *part_lse; /* per chunk, when chunks > 1 */
+    void *owned;                /* what prepare allocated for them */
 } mha_attn_plan;
 
-/* Cuts the call and allocates all it needs (MHA_ERR_NOMEM, nothing allocated,
- * when that fails), so that a caller can check it before writing anything;
- * exec runs it and releases the plan, release only releases it. */
-mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a,
-                                 mha_attn_plan *p);
+/* Cuts the call and takes all the memory it needs, so that a caller can check
+ * before writing anything: from arena when it is not NULL (arena_bytes, 64-byte
+ * aligned, at least mha_attention_arena_bytes of the call's sizes), else from the
+ * heap (MHA_ERR_NOMEM, nothing allocated, when that fails). exec runs the plan
+ * and releases it, release only releases it. */
+mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, void *arena,
+                                 size_t arena_bytes, mha_attn_plan *p);
+/* An arena size that serves every available ISA and any lens for a call of these
+ * sizes: partial results of split keys plus one scratch slot per thread of the
+ * current thread count (with more threads later, some wait for a slot). */
+size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads, int32_t seq_q,
+                                 int32_t dv);
 void mha_attention_exec(mha_attn_plan *p);
 void mha_attention_release(mha_attn_plan *p);
 /* prepare then exec. */

@@ -51,20 +51,36 @@ int64_t mha_parallel_width(void)
 #endif
 }
 
-mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items)
+/* Slots that may be in use at once for `items` items, at most `cap`. */
+static int32_t scratch_slots(int64_t items, int64_t cap)
 {
     int64_t slots = mha_parallel_width();
     slots = slots < items ? slots : items;
+    slots = slots < cap ? slots : cap;
     slots = slots < 64 ? slots : 64;
-    slots = slots > 0 ? slots : 1;
+    return (int32_t)(slots > 0 ? slots : 1);
+}
+
+mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items)
+{
     s->per = (bytes + 63) / 64 * 64;
-    s->slots = (int32_t)slots;
+    s->slots = scratch_slots(items, 64);
+    s->owned = 1;
     atomic_init(&s->busy, 0);
     s->base = NULL;
     if (s->per == 0)
         return MHA_OK;
-    s->base = aligned_alloc(64, s->per * (size_t)slots);
+    s->base = aligned_alloc(64, s->per * (size_t)s->slots);
     return s->base ? MHA_OK : MHA_ERR_NOMEM;
+}
+
+void mha_scratch_place(mha_scratch *s, size_t bytes, int64_t items, void *mem, size_t mem_bytes)
+{
+    s->per = (bytes + 63) / 64 * 64;
+    s->slots = scratch_slots(items, s->per ? (int64_t)(mem_bytes / s->per) : 64);
+    s->owned = 0;
+    atomic_init(&s->busy, 0);
+    s->base = s->per ? mem : NULL;
 }
 
 void *mha_scratch_take(mha_scratch *s)
@@ -96,6 +112,7 @@ void mha_scratch_give(mha_scratch *s, void *slot)
 
 void mha_scratch_free(mha_scratch *s)
 {
-    free(s->base);
+    if (s->owned)
+        free(s->base);
     s->base = NULL;
 }
