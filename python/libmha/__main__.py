@@ -60,8 +60,8 @@ def bench(shapes, runs):
             a_ms = _median_ms(lambda: attention(q, k, v, out=out, isa=isa), runs)
             l_ms = _median_ms(lambda: layer(xq, xkv, xkv, isa=isa), runs)
             print(f"{','.join(map(str, (B, Sq, Skv, H, Hkv, dh, E))):<28} {isa:<7} "
-                  f"{a_ms:12.3f} {attn_flop / a_ms / 1e6:8.1f} {l_ms:10.3f} "
-                  f"{layer_flop / l_ms / 1e6:8.1f}")
+                  f"{a_ms:12.4g} {attn_flop / a_ms / 1e6:8.3g} {l_ms:10.4g} "
+                  f"{layer_flop / l_ms / 1e6:8.3g}")
 
 
 def main(argv=None):
