@@ -3,8 +3,9 @@
 # already. Runs apt-get as root (or via sudo).
 #   tools/setup.sh          the build and the main job (tools/main.sh)
 #   tools/setup.sh --all    every test too: PyTorch, sanitizers, valgrind,
-#                           libFuzzer, the AArch64 cross build under qemu, and
-#                           the benchmark harness
+#                           libFuzzer, the AArch64 cross build under qemu, the
+#                           benchmark harness, the Python package (venv, pip,
+#                           pytest; meson-python comes from PyPI) and CMake
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -14,7 +15,8 @@ cross=()
 if [ "${1:-}" = "--all" ]; then
   native+=(g++ python3-torch python3-numpy valgrind clang libclang-rt-14-dev libopenblas-dev
            libbenchmark-dev python3-matplotlib python3-venv gcc-aarch64-linux-gnu
-           g++-aarch64-linux-gnu qemu-user)
+           g++-aarch64-linux-gnu qemu-user python3-pip python3-pytest
+           python3-pytest-xdist python3-pytest-timeout cmake)
   cross=(libcmocka-dev:arm64 libgomp1:arm64)
 fi
 

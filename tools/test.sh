@@ -2,7 +2,10 @@
 # Every test of libmha, from a fresh Debian 12 machine:
 #  - native build with warnings as errors; each cmocka suite once per ISA this
 #    CPU has (MHA_ISA), the float64 PyTorch interop test, mha-validate's sweep,
-#    the README example, and `meson install` + pkg-config;
+#    the README example, `meson install` + pkg-config, and a CMake project using
+#    find_package(mha);
+#  - the Python package: `pip install .` into a venv, its pytest suite (against
+#    float64 numpy and PyTorch) and the README's Python example;
 #  - the whole suite under ASan + UBSan, the cmocka suites under UBSan at -O0,
 #    and under valgrind memcheck for the scalar and native ISAs (sweeps thinned
 #    with MHA_TEST_QUICK);
@@ -88,7 +91,55 @@ for i in $(seq 0 $((n_examples - 1))); do
     echo "README example $i: FAILED"; failed=$((failed + 1))
   fi
 done
+if cmake -S tests/cmake -B "$stage/cmake" -DCMAKE_PREFIX_PATH="$stage$prefix" >"$stage/cmake.log" 2>&1 &&
+   cmake --build "$stage/cmake" >>"$stage/cmake.log" 2>&1 && "$stage/cmake/app"; then
+  echo "CMake find_package(mha) and mha::mha: ok"; passed=$((passed + 1))
+else
+  cat "$stage/cmake.log"
+  echo "CMake find_package(mha) and mha::mha: FAILED"; failed=$((failed + 1))
+fi
 rm -rf "$stage"
+
+echo "== Python package: pip install ., pytest, the README's Python example"
+# The venv sees Debian's numpy, torch and pytest (with xdist and timeout); meson-python and ninja come from
+# PyPI. A fixed build dir keeps rebuilds incremental.
+venv=build-py/venv
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+if "$venv/bin/pip" install -q meson-python ninja >build-py/pip.log 2>&1 &&
+   "$venv/bin/pip" install -q --no-build-isolation --config-settings=build-dir="$root/build-py/build" . \
+     >>build-py/pip.log 2>&1; then
+  rm -f build-py/pytest.xml
+  # Worker processes (pytest-xdist) and a per-test timeout that ends a hung worker
+  # (pytest-timeout): a test that crashes or corrupts the library's process fails
+  # alone, its worker is replaced and the rest still run.
+  OMP_NUM_THREADS=2 "$venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --max-worker-restart=50 \
+    --timeout=300 --timeout-method=thread --junitxml=build-py/pytest.xml tests/python || true
+  if [ -f build-py/pytest.xml ]; then
+    read -r ok fail skip <<<"$(/usr/bin/python3 - build-py/pytest.xml <<'PY'
+import sys, xml.etree.ElementTree as ET
+s = ET.parse(sys.argv[1]).getroot()
+s = s if s.tag == "testsuite" else s.find("testsuite")
+tests, fail, err, skip = (int(s.get(a)) for a in ("tests", "failures", "errors", "skipped"))
+print(tests - fail - err - skip, fail + err, skip)
+PY
+)"
+    passed=$((passed + ok)) failed=$((failed + fail)) skipped=$((skipped + skip))
+  else
+    echo "pytest: FAILED (no report)"; failed=$((failed + 1))
+  fi
+  /usr/bin/python3 - README.md build-py/example.py <<'PY'
+import re, sys
+open(sys.argv[2], "w").write(re.findall(r"```python\n(.*?)```", open(sys.argv[1]).read(), re.S)[0])
+PY
+  if (cd build-py && OMP_NUM_THREADS=2 venv/bin/python example.py); then
+    echo "README Python example: ok"; passed=$((passed + 1))
+  else
+    echo "README Python example: FAILED"; failed=$((failed + 1))
+  fi
+else
+  tail -n 40 build-py/pip.log
+  echo "pip install .: FAILED"; failed=$((failed + 1))
+fi
 
 echo "== libmha as a Meson subproject"
 parent=$(mktemp -d)

@@ -1,0 +1,374 @@
+"""attention, KVCache and Layer over numpy arrays.
+
+Inputs that are C-contiguous float32 ndarrays are passed to the library as they
+are; other real-valued arrays (float64, strided views, lists) are converted to a
+C-contiguous float32 copy. Shapes are checked here, since the library only sees
+pointers and the sizes it is given. Outputs (out=) are never converted.
+"""
+import ctypes as C
+import math
+import weakref
+
+import numpy as np
+
+from ._capi import (F32P, I32P, LAYOUTS, AttnDims, KvCache, LayerDesc, Mask, check, lib,
+                    on_isa)
+
+_I32_MAX = 2**31 - 1
+
+
+def as_f32(x, name):
+    """x itself when it is a C-contiguous float32 ndarray, else a converted copy."""
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous:
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise TypeError(f"{name}: expected an array of real numbers, got dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _as_i32(x, name, shape):
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an array of integers, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, not {a.shape}")
+    if a.size and (a.min() < -2**31 or a.max() > _I32_MAX):
+        raise ValueError(f"{name}: values must fit in int32")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _dims(a, name, layout):
+    """a's shape, checked to have as many dimensions as layout names."""
+    if a.ndim != len(layout):
+        raise ValueError(f"{name} must be {len(layout)}-D [{', '.join(layout)}], "
+                         f"got shape {a.shape}")
+    if any(n > _I32_MAX for n in a.shape):
+        raise ValueError(f"{name}: every dimension must fit in int32, got shape {a.shape}")
+    return a.shape
+
+
+def _expect(a, name, shape, layout):
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape [{', '.join(layout)}] = {tuple(shape)}, "
+                         f"got {a.shape}")
+
+
+def _ptr(a, ptype=F32P):
+    return None if a is None else a.ctypes.data_as(ptype)
+
+
+def bias_view(bias, shape):
+    """bias broadcast to shape [B, H, Sq, Skv]: (view, stride_b, stride_h, stride_q) with
+    strides in floats (0 on broadcast dimensions). No copy when bias is float32 with
+    non-negative element-aligned strides and contiguous along keys; else a copy that is."""
+    a = bias if isinstance(bias, np.ndarray) and bias.dtype == np.float32 else as_f32(bias, "bias")
+    try:
+        view = np.broadcast_to(a, shape)
+    except ValueError:
+        raise ValueError(f"bias of shape {a.shape} does not broadcast to "
+                         f"[B, H, Sq, Skv] = {shape}") from None
+    strides = [0 if n == 1 else s for n, s in zip(shape, view.strides)]
+    if any(s < 0 or s % 4 for s in strides) or (shape[3] > 1 and strides[3] != 4):
+        a = np.ascontiguousarray(np.broadcast_to(a, np.broadcast_shapes(a.shape, shape[3:])))
+        view = np.broadcast_to(a, shape)
+        strides = [0 if n == 1 else s for n, s in zip(shape, view.strides)]
+    return view, strides[0] // 4, strides[1] // 4, strides[2] // 4
+
+
+def _mask(B, H, Sq, Skv, *, key_lens=None, query_key_lens=None, bias=None, causal=False,
+          window=0, softcap=0.0, alibi_slopes=None, sinks=None):
+    """The mha_mask of these fields, and the arrays its pointers refer to (keep them)."""
+    keep = {}
+    if key_lens is not None:
+        keep["key_lens"] = _as_i32(key_lens, "key_lens", (B,))
+    if query_key_lens is not None:
+        keep["query_key_lens"] = _as_i32(query_key_lens, "query_key_lens", (B, Sq))
+    for name, arr in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if arr is not None:
+            keep[name] = as_f32(arr, name)
+            _expect(keep[name], name, (H,), ["H"])
+    strides = (0, 0, 0)
+    if bias is not None:
+        keep["bias"], *strides = bias_view(bias, (B, H, Sq, Skv))
+    window = int(window)
+    if not -2**31 <= window <= _I32_MAX:
+        raise ValueError("window must fit in int32")
+    mask = Mask(key_lens=_ptr(keep.get("key_lens"), I32P),
+                query_key_lens=_ptr(keep.get("query_key_lens"), I32P),
+                bias=_ptr(keep.get("bias")), bias_stride_b=strides[0],
+                bias_stride_h=strides[1], bias_stride_q=strides[2], causal=bool(causal),
+                window=window, softcap=float(softcap), alibi_slopes=_ptr(keep.get("alibi_slopes")),
+                sinks=_ptr(keep.get("sinks")))
+    return mask, keep
+
+
+def _out(out, shape, inputs):
+    """out checked to be a writable C-contiguous float32 array of shape that overlaps no
+    input, or a new array when None."""
+    if out is None:
+        return np.empty(shape, dtype=np.float32)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out must be float32, not {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, not {out.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writable")
+    if any(a is not None and np.may_share_memory(out, a) for a in inputs):
+        raise ValueError("out must not overlap an input")
+    return out
+
+
+def _layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', not {layout!r}")
+    return LAYOUTS[layout]
+
+
+def attention(q, k, v, *, scale=None, key_lens=None, query_key_lens=None, bias=None,
+              causal=False, window=0, softcap=0.0, alibi_slopes=None, sinks=None,
+              layout="bhsd", out=None, isa=None):
+    """softmax(scale q k^T + mask) v per batch and head (mha_attention).
+
+    q [B, H, Sq, dh], k [B, Hkv, Skv, dh], v [B, Hkv, Skv, dv] with H % Hkv == 0;
+    scale defaults to 1/sqrt(dh). key_lens [B], query_key_lens [B, Sq], bias
+    broadcastable to [B, H, Sq, Skv], causal, window, softcap, alibi_slopes [H] and
+    sinks [H] are mha_mask's fields. Returns out [B, H, Sq, dv] (layout "bhsd") or
+    [B, Sq, H, dv] ("bshd"), written into out= when given. isa= runs this call on
+    that ISA (see on_isa for what other threads see)."""
+    q, k, v = as_f32(q, "q"), as_f32(k, "k"), as_f32(v, "v")
+    B, H, Sq, dh = _dims(q, "q", "B H Sq dh".split())
+    _, Hkv, Skv, _ = _dims(k, "k", "B Hkv Skv dh".split())
+    _expect(k, "k", (B, Hkv, Skv, dh), "B Hkv Skv dh".split())
+    dv = _dims(v, "v", "B Hkv Skv dv".split())[3]
+    _expect(v, "v", (B, Hkv, Skv, dv), "B Hkv Skv dv".split())
+    code = _layout(layout)
+    mask, keep = _mask(B, H, Sq, Skv, key_lens=key_lens, query_key_lens=query_key_lens,
+                       bias=bias, causal=causal, window=window, softcap=softcap,
+                       alibi_slopes=alibi_slopes, sinks=sinks)
+    out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv), (q, k, v, *keep.values()))
+    dims = AttnDims(B, H, Hkv, Sq, Skv, dh, dv)
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    with on_isa(isa):
+        check(lib.mha_attention(C.byref(dims), _ptr(q), _ptr(k), _ptr(v), scale, C.byref(mask),
+                                _ptr(out), code), "mha_attention")
+    return out
+
+
+class KVCache:
+    """A KV cache in numpy arrays it owns: k, v and lens (int32 [B], rows filled per
+    sequence). layout "bhsd": k [B, Hkv, capacity, dh], v [B, Hkv, capacity, dv];
+    "bshd": k [B, capacity, Hkv, dh], v [B, capacity, Hkv, dv]."""
+
+    def __init__(self, batch, kv_heads, capacity, head_dim, v_head_dim=0, layout="bhsd"):
+        sizes = {"batch": batch, "kv_heads": kv_heads, "capacity": capacity,
+                 "head_dim": head_dim}
+        for name, n in sizes.items():
+            if not 0 < int(n) <= _I32_MAX:
+                raise ValueError(f"{name} must be in [1, 2**31 - 1], not {n}")
+        if not 0 <= int(v_head_dim) <= _I32_MAX:
+            raise ValueError(f"v_head_dim must be in [0, 2**31 - 1], not {v_head_dim}")
+        self.layout = layout
+        self.batch, self.kv_heads, self.capacity = int(batch), int(kv_heads), int(capacity)
+        self.head_dim, self.v_head_dim = int(head_dim), int(v_head_dim) or int(head_dim)
+        B, G, S = self.batch, self.kv_heads, self.capacity
+        # the axes of sequence, kv head and row in each array
+        axes = (0, 1, 2) if _layout(layout) == 0 else (0, 2, 1)
+        shape = (B, G, S) if axes == (0, 1, 2) else (B, S, G)
+        self._k = np.zeros(shape + (self.head_dim,), dtype=np.float32)
+        self._v = np.zeros(shape + (self.v_head_dim,), dtype=np.float32)
+        self._lens = np.zeros(B, dtype=np.int32)
+        ks = [self._k.strides[a] // 4 for a in axes]
+        vs = [self._v.strides[a] // 4 for a in axes]
+        self._c = KvCache(_ptr(self._k), _ptr(self._v), B, G, self.head_dim, S, *ks,
+                          self.v_head_dim, *vs)
+
+    # The arrays the library reads and writes in place: their contents may be changed
+    # (lens[:] = 0 empties the cache), the arrays themselves not replaced.
+    @property
+    def k(self):
+        return self._k
+
+    @property
+    def v(self):
+        return self._v
+
+    @property
+    def lens(self):
+        return self._lens
+
+    def append(self, k_new, v_new):
+        """Writes k_new [B, Hkv, n, dh] and v_new [B, Hkv, n, dv] at rows lens[b]..
+        lens[b] + n - 1 and adds n to lens (mha_kv_append)."""
+        k_new, v_new = as_f32(k_new, "k_new"), as_f32(v_new, "v_new")
+        n = _dims(k_new, "k_new", "B Hkv n dh".split())[2]
+        _expect(k_new, "k_new", (self.batch, self.kv_heads, n, self.head_dim),
+                "B Hkv n dh".split())
+        _expect(v_new, "v_new", (self.batch, self.kv_heads, n, self.v_head_dim),
+                "B Hkv n dv".split())
+        with on_isa(None):
+            check(lib.mha_kv_append(C.byref(self._c), _ptr(self.lens, I32P), _ptr(k_new),
+                                    _ptr(v_new), n), "mha_kv_append")
+        self._lens += n
+
+    def attention(self, q, *, scale=None, query_key_lens=None, bias=None, causal=False,
+                  window=0, softcap=0.0, alibi_slopes=None, sinks=None, layout="bhsd",
+                  out=None, lse=False, isa=None):
+        """Attention of q [B, H, Sq, dh] against rows j < lens[b] (mha_attention_cached):
+        row i sits at position lens[b] - Sq + i. bias broadcasts to [B, H, Sq, capacity].
+        Returns out as attention() does, or (out, lse [B, H, Sq]) when lse is true: the
+        log of each row's softmax denominator, -inf for a row that sees no key."""
+        q = as_f32(q, "q")
+        B, H, Sq, _ = _dims(q, "q", "B H Sq dh".split())
+        _expect(q, "q", (self.batch, H, Sq, self.head_dim), "B H Sq dh".split())
+        code = _layout(layout)
+        mask, keep = _mask(B, H, Sq, self.capacity, query_key_lens=query_key_lens, bias=bias,
+                           causal=causal, window=window, softcap=softcap,
+                           alibi_slopes=alibi_slopes, sinks=sinks)
+        dv = self.v_head_dim
+        out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv),
+                   (q, self.k, self.v, *keep.values()))
+        lse_out = np.empty((B, H, Sq), dtype=np.float32) if lse else None
+        scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        with on_isa(isa):
+            check(lib.mha_attention_cached(C.byref(self._c), _ptr(self.lens, I32P), _ptr(q), H,
+                                           Sq, scale, C.byref(mask), _ptr(out), code,
+                                           _ptr(lse_out)), "mha_attention_cached")
+        return (out, lse_out) if lse else out
+
+
+class Layer:
+    """A multi-head attention layer (mha_layer) with packed copies of nn.Linear-layout
+    weights: w_q [H*dh, q_in], w_k [Hkv*dh, k_in], w_v [Hkv*dv, v_in], optional biases
+    b_q, b_k, b_v, and the output projection w_o [out_dim, H*dv], b_o (none when w_o is
+    None). head_dim defaults to w_q's rows / heads, kv_heads to w_k's rows / head_dim,
+    v_head_dim to w_v's rows / kv_heads. Inputs are [B, S, E] when batch_first, else
+    [S, B, E], like nn.MultiheadAttention."""
+
+    def __init__(self, heads, w_q, w_k, w_v, *, kv_heads=None, head_dim=None, v_head_dim=None,
+                 b_q=None, b_k=None, b_v=None, w_o=None, b_o=None, batch_first=True):
+        w = {n: as_f32(a, n) for n, a in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v))}
+        for n, a in w.items():
+            _dims(a, n, ["out", "in"])
+        H = int(heads)
+        if H <= 0 or w["w_q"].shape[0] % H:
+            raise ValueError(f"heads ({heads}) must be positive and divide w_q's "
+                             f"{w['w_q'].shape[0]} rows")
+        dh = int(head_dim) if head_dim is not None else w["w_q"].shape[0] // H
+        Hkv = int(kv_heads) if kv_heads is not None else w["w_k"].shape[0] // dh if dh > 0 else 0
+        dv = int(v_head_dim) if v_head_dim is not None else w["w_v"].shape[0] // Hkv if Hkv > 0 else 0
+        if min(dh, Hkv, dv) <= 0:
+            raise ValueError(f"head_dim ({dh}), kv_heads ({Hkv}) and v_head_dim ({dv}) must be "
+                             "positive")
+        _expect(w["w_q"], "w_q", (H * dh, w["w_q"].shape[1]), ["heads*head_dim", "q_in"])
+        _expect(w["w_k"], "w_k", (Hkv * dh, w["w_k"].shape[1]), ["kv_heads*head_dim", "k_in"])
+        _expect(w["w_v"], "w_v", (Hkv * dv, w["w_v"].shape[1]), ["kv_heads*v_head_dim", "v_in"])
+        b = {}
+        for n, a, rows in (("b_q", b_q, H * dh), ("b_k", b_k, Hkv * dh), ("b_v", b_v, Hkv * dv)):
+            if a is not None:
+                b[n] = as_f32(a, n)
+                _expect(b[n], n, (rows,), [str(rows)])
+        out_dim = 0
+        if w_o is not None:
+            w["w_o"] = as_f32(w_o, "w_o")
+            out_dim = _dims(w["w_o"], "w_o", ["out_dim", "heads*v_head_dim"])[0]
+            _expect(w["w_o"], "w_o", (out_dim, H * dv), ["out_dim", "heads*v_head_dim"])
+            if b_o is not None:
+                b["b_o"] = as_f32(b_o, "b_o")
+                _expect(b["b_o"], "b_o", (out_dim,), ["out_dim"])
+        elif b_o is not None:
+            raise ValueError("b_o needs w_o")
+        self.heads, self.kv_heads, self.head_dim, self.v_head_dim = H, Hkv, dh, dv
+        self.q_in, self.k_in, self.v_in = (w[n].shape[1] for n in ("w_q", "w_k", "w_v"))
+        self.out_dim = out_dim or H * dv
+        self.batch_first = bool(batch_first)
+        desc = LayerDesc(heads=H, kv_heads=Hkv, head_dim=dh, q_in=self.q_in, k_in=self.k_in,
+                         v_in=self.v_in, out_dim=out_dim, v_head_dim=dv,
+                         **{n: _ptr(a) for n, a in {**w, **b}.items()})
+        handle = C.c_void_p()
+        with on_isa(None):
+            check(lib.mha_layer_create(C.byref(desc), C.byref(handle)), "mha_layer_create")
+        self._handle = handle
+        weakref.finalize(self, lib.mha_layer_destroy, handle)
+
+    @classmethod
+    def from_torch(cls, module):
+        """A Layer computing what torch.nn.MultiheadAttention `module` computes in eval
+        mode (kdim/vdim, with or without bias, batch_first either way)."""
+        import torch  # optional: only this constructor needs it
+
+        if not isinstance(module, torch.nn.MultiheadAttention):
+            raise TypeError(f"expected torch.nn.MultiheadAttention, not {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not supported")
+
+        def arr(t):
+            return None if t is None else t.detach().cpu().to(torch.float32).numpy()
+
+        E = module.embed_dim
+        if module._qkv_same_embed_dim:
+            w_q, w_k, w_v = module.in_proj_weight.split(E)
+        else:
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        b_q = b_k = b_v = None
+        if module.in_proj_bias is not None:
+            b_q, b_k, b_v = (arr(t) for t in module.in_proj_bias.split(E))
+        return cls(module.num_heads, arr(w_q), arr(w_k), arr(w_v), b_q=b_q, b_k=b_k, b_v=b_v,
+                   w_o=arr(module.out_proj.weight), b_o=arr(module.out_proj.bias),
+                   batch_first=module.batch_first)
+
+    def _input(self, x, name, width):
+        """x as a C-contiguous float32 [B, S, width] array."""
+        x = as_f32(x, name)
+        _dims(x, name, ["B", "S", name + "_dim"] if self.batch_first else ["S", "B", name + "_dim"])
+        if not self.batch_first:
+            x = np.ascontiguousarray(x.transpose(1, 0, 2))
+        if x.shape[2] != width:
+            raise ValueError(f"{name}'s last dimension must be {width}, got shape {x.shape}")
+        return x
+
+    def _result(self, out):
+        return out if self.batch_first else out.transpose(1, 0, 2)
+
+    def __call__(self, query, key=None, value=None, key_lens=None, causal=False, bias=None,
+                 isa=None):
+        """The layer's output for query [B, Sq, q_in] against key [B, Skv, k_in] and value
+        [B, Skv, v_in] (key defaults to query, value to key; [S, B, E] when not
+        batch_first): [B, Sq, out_dim] (or [Sq, B, out_dim]). key_lens [B] masks padding
+        keys; bias broadcasts to [B, H, Sq, Skv]."""
+        xq = self._input(query, "query", self.q_in)
+        xk = xq if key is None or key is query else self._input(key, "key", self.k_in)
+        xv = xk if value is None or value is key else self._input(value, "value", self.v_in)
+        if (xk is xq and self.k_in != self.q_in) or (xv is xk and self.v_in != self.k_in):
+            raise ValueError("key and value default to query only when the widths agree")
+        B, Sq = xq.shape[:2]
+        Skv = xk.shape[1]
+        if xk.shape[0] != B or xv.shape[:2] != (B, Skv):
+            raise ValueError(f"batch and key lengths disagree: query {xq.shape}, key {xk.shape}, "
+                             f"value {xv.shape} (as [B, S, E])")
+        mask, keep = _mask(B, self.heads, Sq, Skv, key_lens=key_lens, bias=bias, causal=causal)
+        out = np.empty((B, Sq, self.out_dim), dtype=np.float32)
+        with on_isa(isa):
+            check(lib.mha_layer_forward(self._handle, _ptr(xq), _ptr(xk), _ptr(xv), B, Sq, Skv,
+                                        C.byref(mask), _ptr(out), None, 0), "mha_layer_forward")
+        return self._result(out)
+
+    def step(self, x, cache, causal=True, isa=None):
+        """One decoder step (mha_layer_step): x [B, S, E] ([S, B, E] when not batch_first)
+        is projected, its K and V rows appended to cache at rows cache.lens[b].., and its
+        queries attend to the cache; cache.lens grows by S. Returns [B, S, out_dim]."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a libmha.KVCache, not {type(cache).__name__}")
+        x = self._input(x, "x", self.q_in)
+        B, S = x.shape[:2]
+        if B != cache.batch:
+            raise ValueError(f"x has batch {B}, the cache {cache.batch}")
+        mask = Mask(causal=bool(causal))
+        out = np.empty((B, S, self.out_dim), dtype=np.float32)
+        with on_isa(isa):
+            check(lib.mha_layer_step(self._handle, _ptr(x), S, C.byref(cache._c),
+                                     _ptr(cache.lens, I32P), C.byref(mask), _ptr(out), None, 0),
+                  "mha_layer_step")
+        return self._result(out)
