@@ -195,7 +195,7 @@ def test_isa_call_does_not_change_other_threads(qkv):
 # Python-side checks: TypeError for a wrong kind of object, ValueError for a wrong shape
 # or value, before the library is called.
 def _bad_calls(q, k, v):
-    out = np.empty((B, H, SQ, DH), np.float32)
+    out = np.zeros((B, H, SQ, DH), np.float32)
     return {
         "q complex": (TypeError, dict(q=q.astype(np.complex64))),
         "q object": (TypeError, dict(q=np.array([None]))),
