@@ -401,7 +401,8 @@ CASE_TEXT = {
     "each call on the same buffers, which each side finds as the other left them; \"fits in "
     "L3\" when K+V is at most the L3 size the OS reports. A peer's % of read is over the best "
     "plain read of those bytes in mha-bench. The reference is the same attention through "
-    "mha_attention (Sq = 1 over contiguous K, V). ORT GQA also writes the step's one new K, V "
+    "mha_attention (Sq = 1 over contiguous K, V), which now takes the same decode path (GQA "
+    "blocks, split keys), so no target is set against it. ORT GQA also writes the step's one new K, V "
     "row into the shared cache.",
     "prefill": "A chunk of new query rows onto the cached ones through mha_attention_cached "
     "(lens = the rows after the chunk, causal), against mha_attention causal over all those "
