@@ -128,7 +128,7 @@ typedef struct mha_mask {
    ALiBi; masked keys (lengths, causal, window, -INFINITY bias) get weight exactly 0.
    A sink is not a key: a row whose every key is masked gets zeros, sink or not.
    Every field may be combined with the others. Lengths must lie in [0, seq_kv],
-   strides must be >= 0, window >= 0 and softcap >= 0 (not NaN), else MHA_ERR_MASK.
+   strides must be >= 0, window >= 0 and softcap finite and >= 0, else MHA_ERR_MASK.
    A NULL mha_mask pointer means no mask. */
 
 typedef enum mha_layout { MHA_LAYOUT_BHSD = 0, MHA_LAYOUT_BSHD = 1 } mha_layout;

@@ -31,6 +31,7 @@ typedef struct block_rows {
     int32_t kv_begin[MHA_ATTN_ROWS_MAX], kv_end[MHA_ATTN_ROWS_MAX];
     int32_t alibi_pos[MHA_ATTN_ROWS_MAX];
     float alibi_slope[MHA_ATTN_ROWS_MAX], sink[MHA_ATTN_ROWS_MAX], lse[MHA_ATTN_ROWS_MAX];
+    float shift[MHA_ATTN_ROWS_MAX]; /* alibi_shift of each row */
 } block_rows;
 
 static size_t rows_bytes(void)
@@ -179,6 +180,42 @@ static int32_t clamp(int64_t x, int32_t lo, int32_t hi)
     return x < lo ? lo : x > hi ? hi : (int32_t)x;
 }
 
+/* The keys row i of sequence b sees, [begin, end), and its position p(i); ALiBi
+ * is measured from ref, the row's last visible key (p(i) when it sees none). */
+typedef struct row_keys {
+    int64_t begin, end, pos, ref;
+} row_keys;
+
+static row_keys visible(const mha_attn_args *a, int32_t b, int32_t i)
+{
+    const mha_mask *mask = a->mask;
+    const int32_t Sq = a->seq_q;
+    row_keys k = {.begin = 0, .end = seq_keys(a, b)};
+    k.pos = k.end - Sq + i;
+    if (mask) {
+        if (mask->key_lens && mask->key_lens[b] < k.end)
+            k.end = mask->key_lens[b];
+        if (mask->query_key_lens && mask->query_key_lens[(int64_t)b * Sq + i] < k.end)
+            k.end = mask->query_key_lens[(int64_t)b * Sq + i];
+        if (mask->causal && k.pos + 1 < k.end)
+            k.end = k.pos + 1;
+        if (mask->window > 0)
+            k.begin = k.pos - mask->window + 1;
+    }
+    k.ref = k.begin < k.end ? k.end - 1 : k.pos;
+    return k;
+}
+
+/* ALiBi adds slope * (j - p) to the scores. The kernels add slope * (j - ref)
+ * instead, small for the keys that matter even when they lie far from p (cut
+ * off by lengths), and the constant slope * (ref - p) that softmax cancels is
+ * put back where it does not cancel: in lse and against the sink. */
+static float alibi_shift(const mha_attn_args *a, int32_t h, const row_keys *k)
+{
+    return a->mask && a->mask->alibi_slopes ? a->mask->alibi_slopes[h] * (float)(k->ref - k->pos)
+                                            : 0.0f;
+}
+
 /* Work item: block blk / chunks, keys of chunk blk % chunks. */
 static void attend_item(void *arg, int64_t item)
 {
@@ -199,26 +236,16 @@ static void attend_item(void *arg, int64_t item)
     const int32_t nrows = at.heads * at.rows;
     for (int32_t r = 0; r < nrows; r++) {
         const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
-        const int64_t pos = (int64_t)len - Sq + i;
-        int64_t end = len, begin = 0;
-        if (mask) {
-            if (mask->key_lens && mask->key_lens[at.b] < end)
-                end = mask->key_lens[at.b];
-            if (mask->query_key_lens && mask->query_key_lens[(int64_t)at.b * Sq + i] < end)
-                end = mask->query_key_lens[(int64_t)at.b * Sq + i];
-            if (mask->causal && pos + 1 < end)
-                end = pos + 1;
-            if (window)
-                begin = pos - mask->window + 1;
-        }
-        br->kv_end[r] = clamp(end - c0, 0, cn);
-        br->kv_begin[r] = clamp(begin - c0, 0, br->kv_end[r]);
+        const row_keys k = visible(a, at.b, i);
+        br->kv_end[r] = clamp(k.end - c0, 0, cn);
+        br->kv_begin[r] = clamp(k.begin - c0, 0, br->kv_end[r]);
+        br->shift[r] = alibi_shift(a, h, &k);
         if (mask && mask->alibi_slopes) {
             br->alibi_slope[r] = mask->alibi_slopes[h];
-            br->alibi_pos[r] = (int32_t)(pos - c0);
+            br->alibi_pos[r] = (int32_t)(k.ref - c0);
         }
         if (mask && mask->sinks)
-            br->sink[r] = mask->sinks[h];
+            br->sink[r] = mask->sinks[h] - br->shift[r];
     }
 
     mha_attn_block blk = {
@@ -270,7 +297,8 @@ static void attend_item(void *arg, int64_t item)
     p->kt->attn_block(&blk);
     if (!split && a->lse)
         for (int32_t r = 0; r < nrows; r++)
-            a->lse[((int64_t)at.b * H + at.h0 + r / at.rows) * Sq + at.i0 + r % at.rows] = br->lse[r];
+            a->lse[((int64_t)at.b * H + at.h0 + r / at.rows) * Sq + at.i0 + r % at.rows] =
+                br->lse[r] + br->shift[r];
     mha_scratch_give((mha_scratch *)&p->scratch, slot);
 }
 
@@ -303,8 +331,11 @@ static void merge_item(void *arg, int64_t bi)
                 for (int32_t d = 0; d < dv; d++)
                     out[d] += w * o[c * rows * dv + d];
             }
-            total = m + logf(sum);
-            const float den = a->mask && a->mask->sinks ? sum + expf(a->mask->sinks[h] - m) : sum;
+            const row_keys k = visible(a, at.b, i);
+            const float shift = alibi_shift(a, h, &k);
+            total = m + logf(sum) + shift;
+            const float den =
+                a->mask && a->mask->sinks ? sum + expf(a->mask->sinks[h] - shift - m) : sum;
             for (int32_t d = 0; d < dv; d++)
                 out[d] /= den;
         }

@@ -1,10 +1,11 @@
-/* libFuzzer target: the input chooses dims (v_head_dim included), masks, layout,
- * a cache layout and lengths, and a data seed; every ISA available is run against
+/* libFuzzer target: the input chooses dims (v_head_dim included), masks and score
+ * modifiers (window, softcap, ALiBi slopes, sinks), layout, a cache layout and
+ * lengths, and a data seed; every ISA available is run against
  * the scalar reference on attention, cached attention (out and lse), the layer
  * and the head transpose. A mismatch beyond tolerance or a status other than the
  * one the arguments call for aborts (a finding); sanitizers catch the rest. A
- * byte of the input may also make a mask or the lengths invalid, which must be
- * refused with MHA_ERR_MASK or MHA_ERR_SHAPE and nothing written. */
+ * byte of the input may also make a mask, a modifier or the lengths invalid, which
+ * must be refused with MHA_ERR_MASK or MHA_ERR_SHAPE and nothing written. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t flags = take(&p, &n), bad = take(&p, &n), shape = take(&p, &n);
     /* dv: head_dim (v_head_dim 0) for half the inputs, else 1..72 */
     const int32_t dv_field = shape & 1 ? 1 + (shape >> 1) % 72 : 0, dv = dv_field ? dv_field : dh;
-    const uint8_t cache_byte = take(&p, &n);
+    const uint8_t cache_byte = take(&p, &n), mods = take(&p, &n), mod_value = take(&p, &n);
     rng r = {0};
     for (size_t i = 0; i < n; i++)
         r.s = r.s * 131 + p[i];
@@ -72,10 +73,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mask.bias_stride_h = flags & 32 ? sh : 0;
         mask.bias_stride_q = flags & 64 ? Skv : 0;
     }
+    /* Modifiers, each on for half the inputs: a window of 1 .. Skv + 8 keys, a softcap of
+       0.5 .. 32 (with the scale up to 4x, into tanh's flat range), ALiBi slopes of either
+       sign (terms up to 20), sinks U(-4, 4) or +20. */
+    float *slopes = rand_floats(&r, H, -0.25f, 0.25f), *sinks = rand_floats(&r, H, -4, 4);
+    if (mods & 1)
+        mask.window = 1 + mod_value % (Skv + 8);
+    if (mods & 2)
+        mask.softcap = 0.5f * (float)(1 + mod_value / 4);
+    if (mods & 4)
+        mask.alibi_slopes = slopes;
+    if (mods & 8) {
+        mask.sinks = sinks;
+        if (mods & 16)
+            sinks[0] = 20.0f;
+    }
     const mha_layout layout = (mha_layout)(flags >> 7);
     const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh, dv_field};
     float *want = malloc(no * sizeof(float)), *got = malloc(no * sizeof(float));
-    const float scale = 1.0f / sqrtf((float)dh);
+    const float scale = (mods & 2 ? (float)(1 + mod_value % 4) : 1.0f) / sqrtf((float)dh);
 
     /* An invalid mask, when the input asks for one: refused, nothing written. */
     if (bad % 8 == 1) {
@@ -89,6 +105,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 "invalid key length accepted");
         require(memcmp(got, want, no * sizeof(float)) == 0, "output written on error");
         kl[0] = saved;
+    }
+    /* An invalid modifier, when the input asks: refused, nothing written. */
+    if (bad % 8 == 3) {
+        mha_mask broken = mask;
+        if (bad & 8)
+            broken.window = -1 - mod_value;
+        else
+            broken.softcap = bad & 64 ? NAN : bad & 128 ? INFINITY : -0.5f;
+        memset(got, 0x7f, no * sizeof(float));
+        memcpy(want, got, no * sizeof(float));
+        require(mha_attention(&d, q, k, v, scale, &broken, got, layout) == MHA_ERR_MASK,
+                "invalid modifier accepted");
+        require(memcmp(got, want, no * sizeof(float)) == 0, "output written on error");
     }
 
     /* Layer: self-attention when Sq == Skv, else cross with Skv-long keys. */
@@ -139,6 +168,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(vcopy);
         kl[B - 1] = saved;
     }
+    if (bad % 8 == 3) {
+        mha_mask broken = cmask;
+        broken.window = -1;
+        memset(cg, 0x7f, no * sizeof(float));
+        memcpy(cw, cg, no * sizeof(float));
+        memset(eg, 0x7f, nl * sizeof(float));
+        memcpy(ew, eg, nl * sizeof(float));
+        require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &broken, cg, clayout, eg)
+                    == MHA_ERR_MASK, "invalid cached modifier accepted");
+        require(memcmp(cg, cw, no * sizeof(float)) == 0 && memcmp(eg, ew, nl * sizeof(float)) == 0,
+                "cached output written on error");
+    }
 
     const mha_isa start = mha_isa_active();
     require(mha_isa_force(MHA_ISA_SCALAR) == MHA_OK, "force scalar");
@@ -174,7 +215,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (xk != xq)
         free(xk);
-    float *bufs[] = {q, k, v, bias, want, got, xq, lw, lg, tw, tg, cw, cg, ew, eg};
+    float *bufs[] = {q, k, v, bias, want, got, xq, lw, lg, tw, tg, cw, cg, ew, eg, slopes, sinks};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(kl);

@@ -1,5 +1,6 @@
 /* Every entry point with each class of bad argument: the documented status, and
- * output buffers (filled with a canary) left untouched. */
+ * output buffers (filled with a canary) left untouched; the score modifiers out of
+ * range in every call that takes a mask. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -206,6 +207,66 @@ static void layer_calls_bad_args(void **state)
     mha_layer_destroy(L);
 }
 
+/* Modifiers out of range (window < 0, softcap < 0, NaN or infinite), alone or with
+   valid fields: MHA_ERR_MASK from each call that takes a mask, with out, lse, the
+   cache and lens untouched. */
+static void bad_modifiers(void **state)
+{
+    (void)state;
+    mha_layer_desc d = good_desc();
+    mha_layer *L;
+    assert_int_equal(mha_layer_create(&d, &L), MHA_OK);
+    rng r = {31};
+    int32_t lens[B] = {2, 1};
+    const int32_t lens0[B] = {2, 1};
+    test_cache tc;
+    assert_true(test_cache_init(&tc, CACHE_BHSD, B, HKV, DH, 0, SKV));
+    test_cache_fill(&tc, &r, lens);
+    float *img = malloc(sizeof(float) * tc.kn), *vimg = malloc(sizeof(float) * tc.vn);
+    memcpy(img, tc.kbuf, sizeof(float) * tc.kn);
+    memcpy(vimg, tc.vbuf, sizeof(float) * tc.vn);
+    const float slopes[H] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[H] = {1, 2, 3, 4};
+    const mha_mask masks[] = {
+        {.window = -1},
+        {.window = INT32_MIN},
+        {.softcap = -1.0f},
+        {.softcap = -INFINITY},
+        {.softcap = NAN},
+        {.softcap = INFINITY},
+        {.causal = 1, .window = -3, .softcap = 5.0f, .alibi_slopes = slopes, .sinks = sinks},
+        {.causal = 1, .window = 4, .softcap = NAN, .alibi_slopes = slopes, .sinks = sinks},
+        {.window = 2, .softcap = INFINITY, .sinks = sinks},
+    };
+    for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
+        const mha_mask *m = &masks[i];
+        fill_canary();
+        assert_int_equal(mha_attention(&good, q, k, v, 1.0f, m, out, MHA_LAYOUT_BHSD),
+                         MHA_ERR_MASK);
+        assert_int_equal(mha_layer_forward(L, x, x, x, B, SQ, SKV, m, out, NULL, 0),
+                         MHA_ERR_MASK);
+        assert_int_equal(mha_attention_cached(&tc.c, lens, q, H, SQ, 1.0f, m, out,
+                                              MHA_LAYOUT_BSHD, out2), MHA_ERR_MASK);
+        assert_int_equal(mha_layer_step(L, x, SQ, &tc.c, lens, m, out, NULL, 0), MHA_ERR_MASK);
+        assert_untouched();
+        assert_memory_equal(lens, lens0, sizeof lens);
+        assert_memory_equal(tc.kbuf, img, sizeof(float) * tc.kn);
+        assert_memory_equal(tc.vbuf, vimg, sizeof(float) * tc.vn);
+    }
+    /* The same calls with every modifier in range work. */
+    const mha_mask ok = {.causal = 1, .window = 2, .softcap = 5.0f, .alibi_slopes = slopes,
+                         .sinks = sinks};
+    assert_int_equal(mha_attention(&good, q, k, v, 1.0f, &ok, out, MHA_LAYOUT_BHSD), MHA_OK);
+    assert_int_equal(mha_layer_forward(L, x, x, x, B, SQ, SKV, &ok, out, NULL, 0), MHA_OK);
+    assert_int_equal(mha_attention_cached(&tc.c, lens, q, H, SQ, 1.0f, &ok, out, MHA_LAYOUT_BSHD,
+                                          out2), MHA_OK);
+    assert_int_equal(mha_layer_step(L, x, SQ, &tc.c, lens, &ok, out, NULL, 0), MHA_OK);
+    assert_int_equal(lens[0], lens0[0] + SQ);
+    free(img);
+    free(vimg);
+    test_cache_free(&tc);
+    mha_layer_destroy(L);
+}
+
 static void isa_and_strings(void **state)
 {
     (void)state;
@@ -240,7 +301,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(attention_bad_args),    cmocka_unit_test(attention_bad_masks),
         cmocka_unit_test(heads_bad_args),        cmocka_unit_test(layer_create_bad_args),
-        cmocka_unit_test(layer_calls_bad_args),  cmocka_unit_test(isa_and_strings),
+        cmocka_unit_test(layer_calls_bad_args),  cmocka_unit_test(bad_modifiers),
+        cmocka_unit_test(isa_and_strings),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

@@ -30,8 +30,8 @@ static double ref_row(const row_args *a, double *s, double *o)
 {
     const mha_mask *m = a->mask;
     int32_t begin = 0; /* window: key j masked when j <= pos - window */
-    if (m && m->window > 0 && a->pos - m->window + 1 > begin)
-        begin = a->pos - m->window + 1;
+    if (m && m->window > 0 && (int64_t)a->pos - m->window + 1 > begin)
+        begin = (int32_t)((int64_t)a->pos - m->window + 1);
     /* Keys with a -inf score (a -INFINITY bias, or -inf from the data) are hidden like
        those outside [begin, end); NaN flows through (mx stays NaN). */
     double mx = -INFINITY;
@@ -61,22 +61,22 @@ static double ref_row(const row_args *a, double *s, double *o)
         o[e] = 0;
     if (!seen)
         return -INFINITY; /* zeros, sink or not */
-    /* A sink is a virtual key of score sinks[h] and value 0: only the denominator. */
+    /* A sink is a virtual key of score sinks[h] and value 0: only the denominator
+       (a sink far above every score makes it overflow to inf: zeros, the limit). */
     const double sink = m && m->sinks ? m->sinks[a->h] : -INFINITY;
-    const double top = sink > mx ? sink : mx;
     double sum = 0;
     for (int32_t j = begin; j < a->end; j++) {
         if (s[j] == -INFINITY)
             continue;
-        const double p = exp(s[j] - top);
+        const double p = exp(s[j] - mx);
         sum += p;
         for (int32_t e = 0; e < a->dv; e++)
             o[e] += p * a->v[j * a->v_stride + e];
     }
-    const double den = sum + exp(sink - top);
+    const double den = sum + exp(sink - mx);
     for (int32_t e = 0; e < a->dv; e++)
         o[e] /= den;
-    return top + log(sum);
+    return mx + log(sum);
 }
 
 /* Keys j < end pass a key length, a per-row length and causality at position pos. */
