@@ -156,6 +156,7 @@ void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, co
                          float *tile);
 void mha_attn_block__neon(const mha_attn_block *blk);
 void mha_exp_array__neon(const float *x, float *y, int64_t n);
+void mha_tanh_array__neon(const float *x, float *y, int64_t n);
 
 #define MHA_DECLARE_TABLE_(name, value) extern const mha_kernels mha_kernels_##name;
 MHA_ISA_LIST(MHA_DECLARE_TABLE_)

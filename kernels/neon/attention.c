@@ -2,39 +2,51 @@
  *
  * The block's rows go in chunks of CHUNK whose running state stays on the
  * stack while each tile of KT keys is in L1; within a chunk, rows go in groups
- * of 4, lane i of a vector being row i of the group. With S = scale Q K^T +
- * bias for one group and one key tile (masked keys -INFINITY), the online
- * softmax update is
- *     m' = max(m, rowmax(S));  P = exp(S - m');
- *     l  = exp(m - m') l + rowsum(P);  O = diag(exp(m - m')) O + P V
- * and at the end out = O / l. O accumulates in the caller's out rows, so the
- * only scratch is fixed-size: the score tile and m, l of one chunk.
+ * of up to 4 that share every load of K and V. Scores are kept row by row,
+ * four keys to a vector (s[i][jj]), so no vector lane mixes two rows and a
+ * group of 1..3 rows costs 1..3 rows' work. For one row and one key tile, with
+ * s_j its scores (hidden keys -INFINITY), the online softmax update is
+ *     m' = max(m, max_j s_j);  p_j = exp(s_j - m');
+ *     l  = exp(m - m') l + sum_j p_j;  O = exp(m - m') O + sum_j p_j v_j
+ * and at the end out = O / (l + exp(sink - m)) and lse = m + log(l). O
+ * accumulates in the caller's out rows, so the only scratch is fixed-size: the
+ * score tile and m, l of one chunk.
  *
- * Masks: key j of row r is visible iff j < kv_end[r] and its score is not -inf
- * (a -INFINITY bias gives -inf whatever q.k is). Keys past kv_end are never
- * read; the zero weight of a -inf score is multiplied into O, which is exact
- * while V is finite, and a tile whose V holds a non-finite value takes the
- * careful path: those weights are marked -0.0f and skipped. So NaN or Inf
- * reaches a row only from what it sees, as IEEE arithmetic says. While a row
- * has seen no finite score (m = -INFINITY) the subtraction uses 0 instead of
- * m', so exp gives 0, never NaN; a row that never sees one ends with l = 0 and
- * gets zeros.
+ * Key ranges: tiles start at multiples of KT; a group visits only the tiles
+ * that meet a row's [kv_begin, kv_end) (a sliding window costs its width), and
+ * in each it reads only the keys from its rows' smallest kv_begin to largest
+ * kv_end there: never a key outside the block's ranges.
  *
- * Row independence: each lane takes the same operations in the same order
- * whatever the other lanes hold, and a tile in which a row has no visible key
- * leaves its m, l and O bitwise unchanged (exp(0) is exactly 1). So the number
- * of tiles a group visits (up to the largest kv_end of its rows) never changes
- * a row's result. Keys at or past that largest kv_end are never read. A group
- * of fewer than 4 rows repeats its last row in the spare lanes and does not
- * store them. */
+ * Masks: a key is hidden from a row outside its range or when its score is
+ * -inf (a -INFINITY bias, whatever q.k is); its score becomes -INFINITY. The
+ * zero weight of a hidden key the group reads is multiplied into O, which is
+ * exact while V is finite; a tile where some row has a -INFINITY score and V
+ * holds a non-finite value takes the careful path: those weights are marked
+ * -0.0f and skipped. So NaN or Inf reaches a row only from what it sees, as
+ * IEEE arithmetic says. While a
+ * row has seen no finite score (m = -INFINITY) the subtraction uses 0 instead
+ * of m', so exp gives 0, never NaN; a row that never sees one ends with l = 0
+ * and gets zeros.
+ *
+ * Row independence: a row's arithmetic (the FMA chains along dk, the lanes of
+ * its sums, the order of the keys) is the same in any group; its vector lanes
+ * hold fixed keys (j mod 4, tiles being aligned); hidden keys add exact zeros;
+ * and a tile where it sees nothing leaves its m, l and O bitwise unchanged
+ * (exp(0) is exactly 1). So neither its group nor the tiles the group visits
+ * change a bit of it. */
 #include <arm_neon.h>
 #include <math.h>
 #include <string.h>
 
 #include "internal.h"
 
+#define INLINE inline __attribute__((always_inline))
+/* Loops over the rows, keys and columns of a register tile: fully unrolled, so
+ * that the tile's arrays of vectors live in registers. */
+#define UNROLL _Pragma("GCC unroll 8")
+
 enum {
-    KT = 64,    /* keys per tile: K and V tiles of 64 x head_dim floats stay in L1 */
+    KT = 64,    /* keys per tile: K and V tiles of 64 rows stay in L1 */
     CHUNK = 32, /* rows sharing one pass over the key tiles */
 };
 
@@ -48,7 +60,7 @@ enum {
  * Measured maximum error over every float in [-87.3, 0] (exhaustive, under
  * qemu-aarch64, 1.1e9 inputs): 1 ulp against glibc expf, 1.04 ulp against exp
  * in double precision. */
-static inline float32x4_t exp_f32x4(float32x4_t x)
+static INLINE float32x4_t exp_f32x4(float32x4_t x)
 {
     const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 0x1.715476p+0f));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0x1.62e4p-1f));
@@ -66,252 +78,419 @@ static inline float32x4_t exp_f32x4(float32x4_t x)
     return vbslq_f32(vcltq_f32(x, vdupq_n_f32(-0x1.5d589ep+6f)), vdupq_n_f32(0.0f), y);
 }
 
-void mha_exp_array__neon(const float *x, float *y, int64_t n)
+/* tanh(x) = sign(x) t(|x|): below 0.625, t = x + x^3 Q(x^2), Q of degree 4
+ * fitted to the relative error (7e-2 ulp in exact arithmetic); above it,
+ * t = 1 - 2e / (1 + e) with e = exp(-2|x|) <= 0.29, free of cancellation.
+ * NaN stays NaN, +-Inf gives +-1. Measured maximum error over every float
+ * in [0, 10] (exhaustive, under qemu-aarch64; tanh is odd and so is this):
+ * 1.47 ulp against tanh in double precision, 2 ulp against glibc tanhf;
+ * above 10 it returns 1 (0.07 ulp). */
+static INLINE float32x4_t tanh_f32x4(float32x4_t x)
+{
+    const float32x4_t ax = vabsq_f32(x), x2 = vmulq_f32(x, x);
+    float32x4_t q = vfmaq_f32(vdupq_n_f32(0x1.52269ap-6f), vdupq_n_f32(-0x1.75e1c6p-8f), x2);
+    q = vfmaq_f32(vdupq_n_f32(-0x1.b83c5ap-5f), q, x2);
+    q = vfmaq_f32(vdupq_n_f32(0x1.110726p-3f), q, x2);
+    q = vfmaq_f32(vdupq_n_f32(-0x1.555532p-2f), q, x2);
+    const float32x4_t small = vfmaq_f32(ax, vmulq_f32(ax, x2), q);
+
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t e = exp_f32x4(vmulq_n_f32(ax, -2.0f));
+    const float32x4_t big = vsubq_f32(one, vdivq_f32(vaddq_f32(e, e), vaddq_f32(one, e)));
+    const float32x4_t t = vbslq_f32(vcltq_f32(ax, vdupq_n_f32(0.625f)), small, big);
+    return vbslq_f32(vdupq_n_u32(0x80000000u), x, t);
+}
+
+/* y[i] = f(x[i]) for i < n, the tail through a zero-padded vector. */
+static INLINE void map(float32x4_t (*f)(float32x4_t), const float *x, float *y, int64_t n)
 {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4)
-        vst1q_f32(y + i, exp_f32x4(vld1q_f32(x + i)));
+        vst1q_f32(y + i, f(vld1q_f32(x + i)));
     if (i < n) {
         float buf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         memcpy(buf, x + i, (size_t)(n - i) * sizeof(float));
-        vst1q_f32(buf, exp_f32x4(vld1q_f32(buf)));
+        vst1q_f32(buf, f(vld1q_f32(buf)));
         memcpy(y + i, buf, (size_t)(n - i) * sizeof(float));
     }
 }
 
-/* One group of 4 rows (lanes); spare lanes repeat the last real row. */
+void mha_exp_array__neon(const float *x, float *y, int64_t n)
+{
+    map(exp_f32x4, x, y, n);
+}
+
+void mha_tanh_array__neon(const float *x, float *y, int64_t n)
+{
+    map(tanh_f32x4, x, y, n);
+}
+
+/* A group of 1..4 rows of the block (the first `rows` entries are used). */
 typedef struct group {
     const float *q[4];
     const float *bias[4]; /* NULL when the block has no bias */
     float *out[4];
-    int32_t end[4];   /* kv_end of each lane */
-    int32_t rows;     /* real rows, 1..4 */
-    int32_t end_max;  /* largest kv_end of the group */
+    int32_t begin[4], end[4]; /* an empty range is stored as [0, 0) */
+    int32_t r0, rows;         /* block row of the first, count */
 } group;
 
-/* s[jj][lane] = q[lane] . k[j0 + jj] for jj < n (rounded up to 4; keys at or
- * past end_max repeat key end_max - 1). Each dot product sums head_dim / 4
- * lane-wise partial sums, reduces them pairwise, then adds the d tail. */
-static void scores(const mha_attn_block *blk, const group *g, int32_t j0, int32_t n,
-                   float (*s)[4])
+/* One group's view of a key tile: scores at jj in [lo, hi) (multiples of 4)
+ * for keys j0 + jj, of which the group reads keys [a, b) (absolute). */
+typedef struct tile {
+    int32_t j0, lo, hi, a, b;
+} tile;
+
+/* s[i][jj..jj+KC) = q_i . k_j for the R rows and KC keys from j0 + jj, keys
+ * outside [a, b) read as key a or b - 1. Per (row, key), four lane-wise partial
+ * sums along dk, reduced pairwise ((0+1)+(2+3)), then the dk % 4 tail. */
+static INLINE void dots(const mha_attn_block *blk, const group *g, const tile *t, int32_t jj,
+                        float (*s)[KT], const int R, const int KC)
 {
-    const int32_t dh = blk->head_dim, d4 = dh & ~3;
-    for (int32_t jj = 0; jj < n; jj += 4) {
-        const float *kp[4];
-        for (int c = 0; c < 4; c++) {
-            const int32_t j = j0 + jj + c < g->end_max ? j0 + jj + c : g->end_max - 1;
-            kp[c] = blk->k + (int64_t)j * dh;
+    const int32_t dk = blk->dk, d4 = dk & ~3;
+    const float *kp[8];
+    UNROLL
+    for (int c = 0; c < KC; c++) {
+        const int32_t j = t->j0 + jj + c;
+        kp[c] = blk->k + (int64_t)(j < t->a ? t->a : j < t->b ? j : t->b - 1) * blk->k_stride;
+    }
+    float32x4_t acc[4][8];
+    UNROLL
+    for (int i = 0; i < R; i++)
+        UNROLL
+        for (int c = 0; c < KC; c++)
+            acc[i][c] = vdupq_n_f32(0.0f);
+    for (int32_t d = 0; d < d4; d += 4) {
+        float32x4_t qv[4];
+        UNROLL
+        for (int i = 0; i < R; i++)
+            qv[i] = vld1q_f32(g->q[i] + d);
+        UNROLL
+        for (int c = 0; c < KC; c++) {
+            const float32x4_t kv = vld1q_f32(kp[c] + d);
+            UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][c] = vfmaq_f32(acc[i][c], qv[i], kv);
         }
-        float32x4_t acc[4][4]; /* [row][key] */
-        for (int r = 0; r < 4; r++)
-            for (int c = 0; c < 4; c++)
-                acc[r][c] = vdupq_n_f32(0.0f);
-        for (int32_t d = 0; d < d4; d += 4) {
-            const float32x4_t q0 = vld1q_f32(g->q[0] + d), q1 = vld1q_f32(g->q[1] + d),
-                              q2 = vld1q_f32(g->q[2] + d), q3 = vld1q_f32(g->q[3] + d);
-            for (int c = 0; c < 4; c++) {
-                const float32x4_t kv = vld1q_f32(kp[c] + d);
-                acc[0][c] = vfmaq_f32(acc[0][c], q0, kv);
-                acc[1][c] = vfmaq_f32(acc[1][c], q1, kv);
-                acc[2][c] = vfmaq_f32(acc[2][c], q2, kv);
-                acc[3][c] = vfmaq_f32(acc[3][c], q3, kv);
-            }
-        }
+    }
+    UNROLL
+    for (int c = 0; c < KC; c += 4) {
         float32x4_t dot[4];
-        for (int c = 0; c < 4; c++)
-            dot[c] = vpaddq_f32(vpaddq_f32(acc[0][c], acc[1][c]), vpaddq_f32(acc[2][c], acc[3][c]));
-        for (int32_t d = d4; d < dh; d++) {
-            const float qd[4] = {g->q[0][d], g->q[1][d], g->q[2][d], g->q[3][d]};
-            const float32x4_t qv = vld1q_f32(qd);
-            for (int c = 0; c < 4; c++)
-                dot[c] = vfmaq_n_f32(dot[c], qv, kp[c][d]);
+        UNROLL
+        for (int i = 0; i < R; i++)
+            dot[i] = vpaddq_f32(vpaddq_f32(acc[i][c], acc[i][c + 1]),
+                                vpaddq_f32(acc[i][c + 2], acc[i][c + 3]));
+        for (int32_t d = d4; d < dk; d++) {
+            const float kd[4] = {kp[c][d], kp[c + 1][d], kp[c + 2][d], kp[c + 3][d]};
+            const float32x4_t kv = vld1q_f32(kd);
+            UNROLL
+            for (int i = 0; i < R; i++)
+                dot[i] = vfmaq_n_f32(dot[i], kv, g->q[i][d]);
         }
-        for (int c = 0; c < 4; c++)
-            vst1q_f32(s[jj + c], dot[c]);
+        UNROLL
+        for (int i = 0; i < R; i++)
+            vst1q_f32(s[i] + jj + c, dot[i]);
     }
 }
 
-/* O[lane] = alpha[lane] O[lane] + sum_{jj < cnt[lane]} p[jj][lane] v[j0 + jj] for
- * the real lanes, d in [d0, d0 + 4*NV). Keys below the smallest cnt go to all
- * lanes at once; the rest lane by lane, so a lane never reads a V row it
- * cannot see. */
-#define PV_CHUNK(NV)                                                                        \
-    static void pv_chunk##NV(const mha_attn_block *blk, const group *g, int32_t j0,         \
-                             float (*p)[4], const int32_t cnt[4], int32_t cmin,             \
-                             int32_t cmax, float32x4_t alpha, int32_t d0)                   \
-    {                                                                                       \
-        const int32_t dh = blk->head_dim;                                                   \
-        float32x4_t o[4][NV];                                                               \
-        float a[4];                                                                         \
-        vst1q_f32(a, alpha);                                                                \
-        for (int r = 0; r < 4; r++)                                                         \
-            for (int v = 0; v < NV; v++)                                                    \
-                o[r][v] = vmulq_n_f32(vld1q_f32(g->out[r] + d0 + 4 * v), a[r]);             \
-        const float *vp = blk->v + (int64_t)j0 * dh + d0;                                   \
-        for (int32_t jj = 0; jj < cmin; jj++, vp += dh)                                     \
-            for (int v = 0; v < NV; v++) {                                                  \
-                const float32x4_t x = vld1q_f32(vp + 4 * v);                                \
-                for (int r = 0; r < 4; r++)                                                 \
-                    o[r][v] = vfmaq_n_f32(o[r][v], x, p[jj][r]);                            \
-            }                                                                               \
-        for (int32_t jj = cmin; jj < cmax; jj++, vp += dh)                                  \
-            for (int r = 0; r < 4; r++)                                                     \
-                if (jj < cnt[r])                                                            \
-                    for (int v = 0; v < NV; v++)                                            \
-                        o[r][v] = vfmaq_n_f32(o[r][v], vld1q_f32(vp + 4 * v), p[jj][r]);    \
-        for (int r = 0; r < g->rows; r++)                                                   \
-            for (int v = 0; v < NV; v++)                                                    \
-                vst1q_f32(g->out[r] + d0 + 4 * v, o[r][v]);                                 \
-    }
-PV_CHUNK(4)
-PV_CHUNK(1)
-
-/* The columns from d0 (the head_dim % 4 tail, or all of them on the careful
- * path), one float at a time in the same order; weights of -0.0f are skipped. */
-static void pv_tail(const mha_attn_block *blk, const group *g, int32_t j0, float (*p)[4],
-                    const int32_t cnt[4], float32x4_t alpha, int32_t d0)
+/* The tile's dot products, 8 keys at a time for 1 or 2 rows (enough
+ * independent FMA chains), 4 for 3 or 4 rows. */
+static INLINE void scores_r(const mha_attn_block *blk, const group *g, const tile *t,
+                            float (*s)[KT], const int R)
 {
-    const int32_t dh = blk->head_dim;
-    float a[4];
-    vst1q_f32(a, alpha);
-    for (int r = 0; r < g->rows; r++)
-        for (int32_t d = d0; d < dh; d++) {
-            float o = g->out[r][d] * a[r];
-            for (int32_t jj = 0; jj < cnt[r]; jj++)
-                if (!(p[jj][r] == 0.0f && signbit(p[jj][r])))
-                    o = fmaf(p[jj][r], blk->v[(int64_t)(j0 + jj) * dh + d], o);
-            g->out[r][d] = o;
+    const int KC = R <= 2 ? 8 : 4;
+    int32_t jj = t->lo;
+    for (; jj + KC <= t->hi; jj += KC)
+        dots(blk, g, t, jj, s, R, KC);
+    if (jj < t->hi)
+        dots(blk, g, t, jj, s, R, 4);
+}
+
+/* One specialization per group size; noinline gives it a register allocation
+ * of its own, so that the tiles stay in registers. */
+__attribute__((noinline))
+static void scores(const mha_attn_block *blk, const group *g, const tile *t, float (*s)[KT])
+{
+    switch (g->rows) {
+    case 1: scores_r(blk, g, t, s, 1); break;
+    case 2: scores_r(blk, g, t, s, 2); break;
+    case 3: scores_r(blk, g, t, s, 3); break;
+    default: scores_r(blk, g, t, s, 4); break;
+    }
+}
+
+/* O_i = alpha_i O_i + sum_j p[i][j - j0] v_j for the R rows, keys j in [a, b),
+ * columns [d0, d0 + 4 NV). */
+static INLINE void pv_cols(const mha_attn_block *blk, const group *g, const tile *t,
+                           float (*p)[KT], const float *alpha, int32_t d0, const int R,
+                           const int NV)
+{
+    float32x4_t o[4][8];
+    UNROLL
+    for (int i = 0; i < R; i++)
+        UNROLL
+        for (int v = 0; v < NV; v++)
+            o[i][v] = vmulq_n_f32(vld1q_f32(g->out[i] + d0 + 4 * v), alpha[i]);
+    const float *vp = blk->v + (int64_t)t->a * blk->v_stride + d0;
+    for (int32_t jj = t->a - t->j0; jj < t->b - t->j0; jj++, vp += blk->v_stride)
+        UNROLL
+        for (int v = 0; v < NV; v++) {
+            const float32x4_t x = vld1q_f32(vp + 4 * v);
+            UNROLL
+            for (int i = 0; i < R; i++)
+                o[i][v] = vfmaq_n_f32(o[i][v], x, p[i][jj]);
+        }
+    UNROLL
+    for (int i = 0; i < R; i++)
+        UNROLL
+        for (int v = 0; v < NV; v++)
+            vst1q_f32(g->out[i] + d0 + 4 * v, o[i][v]);
+}
+
+/* The columns from d0 (the dv % 4 tail, or all of them on the careful path),
+ * one float at a time in the same order; weights of -0.0f are skipped. */
+static void pv_tail(const mha_attn_block *blk, const group *g, const tile *t, float (*p)[KT],
+                    const float *alpha, int32_t d0)
+{
+    for (int i = 0; i < g->rows; i++)
+        for (int32_t d = d0; d < blk->dv; d++) {
+            float o = g->out[i][d] * alpha[i];
+            for (int32_t j = t->a; j < t->b; j++) {
+                const float w = p[i][j - t->j0];
+                if (!(w == 0.0f && signbit(w)))
+                    o = fmaf(w, blk->v[(int64_t)j * blk->v_stride + d], o);
+            }
+            g->out[i][d] = o;
         }
 }
 
-/* Are V's rows [j0, j0 + n) all finite? (x * 0 is 0 for finite x, NaN otherwise.) */
-static int v_finite(const mha_attn_block *blk, int32_t j0, int32_t n)
+/* All columns: 32 at a time for 1 or 2 rows, 16 for 3 or 4, then 4, then the tail. */
+static INLINE void pv_r(const mha_attn_block *blk, const group *g, const tile *t, float (*p)[KT],
+                        const float *alpha, const int R)
 {
-    const float *v = blk->v + (int64_t)j0 * blk->head_dim;
-    const int64_t len = (int64_t)n * blk->head_dim;
+    const int NV = R <= 2 ? 8 : 4;
+    const int32_t dv = blk->dv;
+    int32_t d = 0;
+    for (; d + 4 * NV <= dv; d += 4 * NV)
+        pv_cols(blk, g, t, p, alpha, d, R, NV);
+    if (NV > 4 && d + 16 <= dv) {
+        pv_cols(blk, g, t, p, alpha, d, R, 4);
+        d += 16;
+    }
+    for (; d + 4 <= dv; d += 4)
+        pv_cols(blk, g, t, p, alpha, d, R, 1);
+    if (d < dv)
+        pv_tail(blk, g, t, p, alpha, d);
+}
+
+/* As scores, for P V. */
+__attribute__((noinline))
+static void pv(const mha_attn_block *blk, const group *g, const tile *t, float (*p)[KT],
+               const float *alpha)
+{
+    switch (g->rows) {
+    case 1: pv_r(blk, g, t, p, alpha, 1); break;
+    case 2: pv_r(blk, g, t, p, alpha, 2); break;
+    case 3: pv_r(blk, g, t, p, alpha, 3); break;
+    default: pv_r(blk, g, t, p, alpha, 4); break;
+    }
+}
+
+/* Are V's rows [a, b) all finite? (x * 0 is 0 for finite x, NaN otherwise.) */
+static int v_finite(const mha_attn_block *blk, int32_t a, int32_t b)
+{
+    const int32_t dv = blk->dv;
     float32x4_t acc = vdupq_n_f32(0.0f);
-    int64_t i = 0;
-    for (; i + 4 <= len; i += 4)
-        acc = vfmaq_n_f32(acc, vld1q_f32(v + i), 0.0f);
     float tail = 0.0f;
-    for (; i < len; i++)
-        tail += v[i] * 0.0f;
+    for (int32_t j = a; j < b; j++) {
+        const float *v = blk->v + (int64_t)j * blk->v_stride;
+        int32_t d = 0;
+        for (; d + 4 <= dv; d += 4)
+            acc = vfmaq_n_f32(acc, vld1q_f32(v + d), 0.0f);
+        for (; d < dv; d++)
+            tail += v[d] * 0.0f;
+    }
     return vminvq_u32(vceqq_f32(acc, acc)) != 0 && tail == tail;
 }
 
-/* One key tile [j0, j0 + KT) for one group: scores, online softmax, P V. */
-static void group_tile(const mha_attn_block *blk, const group *g, int32_t j0, float *m_state,
-                       float *l_state)
+/* Row i's scores of the tile, in place: scale, softcap, bias, ALiBi, then
+ * -INFINITY for hidden keys; returns their max. *hidden is set when one is
+ * -INFINITY (a hidden key, or a slot outside [a, b)). */
+static float finish_scores(const mha_attn_block *blk, const group *g, const tile *t, int i,
+                           float *s, int *hidden)
 {
-    float s[KT][4];
-    const int32_t n = g->end_max - j0 < KT ? g->end_max - j0 : KT;
-    scores(blk, g, j0, n, s);
-
-    const int32x4_t end = vld1q_s32(g->end);
     const float32x4_t ninf = vdupq_n_f32(-INFINITY);
+    const int32_t begin = g->begin[i], end = g->end[i];
+    const int masked = begin > t->j0 + t->lo || end < t->j0 + t->hi;
+    const float *bias = g->bias[i];
+    const float cap = blk->softcap;
+    const int alibi = blk->alibi_slope != NULL;
+    const float slope = alibi ? blk->alibi_slope[g->r0 + i] : 0.0f;
+    const int32x4_t pos = vdupq_n_s32(alibi ? blk->alibi_pos[g->r0 + i] : 0);
+    const int32x4_t iota = {0, 1, 2, 3};
     float32x4_t mt = ninf;
-    uint32x4_t hidden = vdupq_n_u32(0); /* a -inf score before kv_end */
-    for (int32_t jj = 0; jj < n; jj++) {
-        float32x4_t x = vmulq_n_f32(vld1q_f32(s[jj]), blk->scale);
-        if (blk->bias) {
-            const int32_t j = j0 + jj;
-            const float b[4] = {g->bias[0][j], g->bias[1][j], g->bias[2][j], g->bias[3][j]};
-            const float32x4_t bv = vld1q_f32(b);
-            x = vbslq_f32(vceqq_f32(bv, ninf), ninf, vaddq_f32(x, bv));
+    uint32x4_t any_ninf = vdupq_n_u32(0);
+    for (int32_t jj = t->lo; jj < t->hi; jj += 4) {
+        const int32_t j = t->j0 + jj;
+        const int32x4_t jv = vaddq_s32(vdupq_n_s32(j), iota);
+        float32x4_t x = vmulq_n_f32(vld1q_f32(s + jj), blk->scale);
+        if (cap > 0.0f)
+            x = vmulq_n_f32(tanh_f32x4(vdivq_f32(x, vdupq_n_f32(cap))), cap);
+        uint32x4_t dead = vdupq_n_u32(0);
+        if (bias) {
+            float32x4_t bv;
+            if (j >= t->a && j + 4 <= t->b) {
+                bv = vld1q_f32(bias + j);
+            } else { /* keys outside [a, b) read key a or b - 1, masked below */
+                float b4[4];
+                for (int c = 0; c < 4; c++)
+                    b4[c] = bias[j + c < t->a ? t->a : j + c < t->b ? j + c : t->b - 1];
+                bv = vld1q_f32(b4);
+            }
+            x = vaddq_f32(x, bv);
+            dead = vceqq_f32(bv, ninf);
         }
-        const uint32x4_t vis = vcltq_s32(vdupq_n_s32(j0 + jj), end);
-        hidden = vorrq_u32(hidden, vandq_u32(vis, vceqq_f32(x, ninf)));
-        x = vbslq_f32(vis, x, ninf);
-        vst1q_f32(s[jj], x);
+        if (alibi)
+            x = vaddq_f32(x, vmulq_n_f32(vcvtq_f32_s32(vsubq_s32(jv, pos)), slope));
+        uint32x4_t vis = vdupq_n_u32(~0u);
+        if (masked)
+            vis = vandq_u32(vcgeq_s32(jv, vdupq_n_s32(begin)), vcltq_s32(jv, vdupq_n_s32(end)));
+        x = vbslq_f32(vbicq_u32(vis, dead), x, ninf);
+        any_ninf = vorrq_u32(any_ninf, vceqq_f32(x, ninf));
+        vst1q_f32(s + jj, x);
         mt = vmaxq_f32(mt, x);
     }
-    const int careful = vmaxvq_u32(hidden) != 0 && !v_finite(blk, j0, n);
+    if (vmaxvq_u32(any_ninf) != 0)
+        *hidden = 1;
+    return vmaxvq_f32(mt);
+}
 
+/* One key tile for one group: scores, online softmax, P V. */
+static void group_tile(const mha_attn_block *blk, const group *g, const tile *t, float *m_state,
+                       float *l_state)
+{
+    float s[4][KT];
+    scores(blk, g, t, s);
+
+    float mt[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int hidden = 0;
+    for (int i = 0; i < g->rows; i++)
+        mt[i] = finish_scores(blk, g, t, i, s[i], &hidden);
+    const int careful = hidden && !v_finite(blk, t->a, t->b);
+
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
     const float32x4_t m_old = vld1q_f32(m_state);
-    const float32x4_t m_new = vmaxq_f32(m_old, mt);
+    const float32x4_t m_new = vmaxq_f32(m_old, vld1q_f32(mt));
     const float32x4_t m_sub = vbslq_f32(vceqq_f32(m_new, ninf), vdupq_n_f32(0.0f), m_new);
-    const float32x4_t alpha = exp_f32x4(vsubq_f32(m_old, m_sub));
-    float32x4_t sum = vdupq_n_f32(0.0f);
-    for (int32_t jj = 0; jj < n; jj++) {
-        const float32x4_t x = vld1q_f32(s[jj]);
-        float32x4_t p = exp_f32x4(vsubq_f32(x, m_sub));
-        if (careful)
-            p = vbslq_f32(vceqq_f32(x, ninf), vdupq_n_f32(-0.0f), p);
-        vst1q_f32(s[jj], p);
-        sum = vaddq_f32(sum, p);
+    float alpha[4], msub[4], sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    vst1q_f32(alpha, exp_f32x4(vsubq_f32(m_old, m_sub)));
+    vst1q_f32(msub, m_sub);
+    for (int i = 0; i < g->rows; i++) {
+        const float32x4_t mi = vdupq_n_f32(msub[i]);
+        float32x4_t acc = vdupq_n_f32(0.0f);
+        for (int32_t jj = t->lo; jj < t->hi; jj += 4) {
+            const float32x4_t x = vld1q_f32(s[i] + jj);
+            float32x4_t p = exp_f32x4(vsubq_f32(x, mi));
+            if (careful)
+                p = vbslq_f32(vceqq_f32(x, ninf), vdupq_n_f32(-0.0f), p);
+            vst1q_f32(s[i] + jj, p);
+            acc = vaddq_f32(acc, p);
+        }
+        sum[i] = vaddvq_f32(acc);
     }
     vst1q_f32(m_state, m_new);
-    vst1q_f32(l_state, vfmaq_f32(sum, alpha, vld1q_f32(l_state)));
+    vst1q_f32(l_state, vfmaq_f32(vld1q_f32(sum), vld1q_f32(alpha), vld1q_f32(l_state)));
 
-    int32_t cnt[4], cmin = n, cmax = 0;
-    for (int r = 0; r < 4; r++) {
-        const int32_t c = g->end[r] - j0;
-        cnt[r] = c < 0 ? 0 : c < n ? c : n;
-        cmin = cnt[r] < cmin ? cnt[r] : cmin;
-        cmax = cnt[r] > cmax ? cnt[r] : cmax;
-    }
-    const int32_t dh = blk->head_dim;
-    int32_t d = 0;
     if (careful) {
-        pv_tail(blk, g, j0, s, cnt, alpha, 0);
+        pv_tail(blk, g, t, s, alpha, 0);
         return;
     }
-    for (; d + 16 <= dh; d += 16)
-        pv_chunk4(blk, g, j0, s, cnt, cmin, cmax, alpha, d);
-    for (; d + 4 <= dh; d += 4)
-        pv_chunk1(blk, g, j0, s, cnt, cmin, cmax, alpha, d);
-    if (d < dh)
-        pv_tail(blk, g, j0, s, cnt, alpha, d);
+    pv(blk, g, t, s, alpha);
+}
+
+/* The tile from j0 for group g: false when none of its rows sees a key there. */
+static int tile_of(const group *g, int32_t j0, tile *t)
+{
+    int32_t a = j0 + KT, b = j0;
+    for (int i = 0; i < g->rows; i++)
+        if (g->begin[i] < j0 + KT && g->end[i] > j0 && g->begin[i] < g->end[i]) {
+            a = g->begin[i] < a ? g->begin[i] : a;
+            b = g->end[i] > b ? g->end[i] : b;
+        }
+    if (a >= b)
+        return 0;
+    t->j0 = j0;
+    t->a = a > j0 ? a : j0;
+    t->b = b < j0 + KT ? b : j0 + KT;
+    t->lo = (t->a - j0) & ~3;
+    t->hi = (t->b - j0 + 3) & ~3;
+    return 1;
 }
 
 void mha_attn_block__neon(const mha_attn_block *blk)
 {
-    const int32_t dh = blk->head_dim;
+    const int32_t dv = blk->dv;
     for (int32_t c0 = 0; c0 < blk->rows; c0 += CHUNK) {
         const int32_t rows = blk->rows - c0 < CHUNK ? blk->rows - c0 : CHUNK;
         const int32_t ngroups = (rows + 3) / 4;
         group g[CHUNK / 4];
         float m[CHUNK], l[CHUNK];
-        int32_t end_max = 0;
+        int32_t lo = INT32_MAX, hi = 0; /* the chunk's keys */
         for (int32_t gi = 0; gi < ngroups; gi++) {
             group *gp = &g[gi];
+            gp->r0 = c0 + 4 * gi;
             gp->rows = rows - 4 * gi < 4 ? rows - 4 * gi : 4;
-            gp->end_max = 0;
             for (int i = 0; i < 4; i++) {
-                const int32_t r = c0 + 4 * gi + (i < gp->rows ? i : gp->rows - 1);
-                gp->q[i] = blk->q + r * blk->q_stride;
-                gp->bias[i] = blk->bias ? blk->bias + r * blk->bias_stride : NULL;
-                gp->out[i] = blk->out + r * blk->out_stride;
-                gp->end[i] = blk->kv_end[r];
-                gp->end_max = gp->end[i] > gp->end_max ? gp->end[i] : gp->end_max;
                 m[4 * gi + i] = -INFINITY;
                 l[4 * gi + i] = 0.0f;
+                if (i >= gp->rows)
+                    continue;
+                const int32_t r = gp->r0 + i;
+                gp->q[i] = blk->q + mha_row_offset(blk, r, blk->q_stride, blk->q_group_stride);
+                gp->bias[i] = blk->bias ? blk->bias + mha_row_offset(blk, r, blk->bias_stride,
+                                                                      blk->bias_group_stride)
+                                        : NULL;
+                gp->out[i] = blk->out + mha_row_offset(blk, r, blk->out_stride,
+                                                       blk->out_group_stride);
+                gp->begin[i] = blk->kv_begin ? blk->kv_begin[r] : 0;
+                gp->end[i] = blk->kv_end[r];
+                if (gp->begin[i] >= gp->end[i])
+                    gp->begin[i] = gp->end[i] = 0;
+                else {
+                    lo = gp->begin[i] < lo ? gp->begin[i] : lo;
+                    hi = gp->end[i] > hi ? gp->end[i] : hi;
+                }
+                memset(gp->out[i], 0, (size_t)dv * sizeof(float));
             }
-            for (int i = 0; i < gp->rows; i++)
-                memset(gp->out[i], 0, (size_t)dh * sizeof(float));
-            end_max = gp->end_max > end_max ? gp->end_max : end_max;
         }
 
-        for (int32_t j0 = 0; j0 < end_max; j0 += KT)
-            for (int32_t gi = 0; gi < ngroups; gi++)
-                if (j0 < g[gi].end_max)
-                    group_tile(blk, &g[gi], j0, m + 4 * gi, l + 4 * gi);
+        for (int32_t j0 = lo < hi ? lo / KT * KT : hi; j0 < hi; j0 += KT)
+            for (int32_t gi = 0; gi < ngroups; gi++) {
+                tile t;
+                if (tile_of(&g[gi], j0, &t))
+                    group_tile(blk, &g[gi], &t, m + 4 * gi, l + 4 * gi);
+            }
 
-        /* out = O / l; l = 0 (no visible key) gives zeros, a NaN l NaN. */
+        /* out = O / (l + exp(sink - m)); l = 0 (no visible key) gives zeros. */
         for (int32_t gi = 0; gi < ngroups; gi++)
             for (int i = 0; i < g[gi].rows; i++) {
-                const float li = l[4 * gi + i];
+                const int32_t r = g[gi].r0 + i;
+                const float li = l[4 * gi + i], mi = m[4 * gi + i];
                 float *o = g[gi].out[i];
-                if (li != 0.0f) {
-                    const float32x4_t lv = vdupq_n_f32(li);
-                    int32_t d = 0;
-                    for (; d + 4 <= dh; d += 4)
-                        vst1q_f32(o + d, vdivq_f32(vld1q_f32(o + d), lv));
-                    for (; d < dh; d++)
-                        o[d] /= li;
-                } else {
-                    memset(o, 0, (size_t)dh * sizeof(float));
+                if (li == 0.0f) {
+                    memset(o, 0, (size_t)dv * sizeof(float));
+                    if (blk->lse)
+                        blk->lse[r] = -INFINITY;
+                    continue;
                 }
+                if (blk->lse)
+                    blk->lse[r] = mi + logf(li);
+                const float den = blk->sink ? li + expf(blk->sink[r] - mi) : li;
+                const float32x4_t dn = vdupq_n_f32(den);
+                int32_t d = 0;
+                for (; d + 4 <= dv; d += 4)
+                    vst1q_f32(o + d, vdivq_f32(vld1q_f32(o + d), dn));
+                for (; d < dv; d++)
+                    o[d] /= den;
             }
     }
 }

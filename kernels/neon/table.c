@@ -20,4 +20,6 @@ const mha_kernels mha_kernels_neon = {
     .transpose = mha_transpose__scalar,
     .exp_array = mha_exp_array__neon,
     .exp_ulp = 1,
+    .tanh_array = mha_tanh_array__neon,
+    .tanh_ulp = 2,
 };
