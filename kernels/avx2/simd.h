@@ -15,6 +15,9 @@ static inline vf vf_load(const float *p) { return _mm256_load_ps(p); } /* 32-byt
 static inline vf vf_loadu(const float *p) { return _mm256_loadu_ps(p); }
 static inline void vf_store(float *p, vf x) { _mm256_store_ps(p, x); }
 static inline void vf_storeu(float *p, vf x) { _mm256_storeu_ps(p, x); }
+/* The cache line of p into L2 (prefetcht1). asm volatile: GCC treats helpers made
+   only of __builtin_prefetch as side-effect free and deletes their calls. */
+static inline void prefetch_l2(const void *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p)); }
 static inline vf vf_set1(float x) { return _mm256_set1_ps(x); }
 static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
 static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
@@ -98,6 +101,23 @@ static inline void vf_transpose(vf a[8])
         a[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
         a[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
     }
+}
+
+/* r lane i = the sum of a[i]'s 8 lanes, every lane summed in the same order
+ * (l + 4, l + 2, l + 1): halves of the data at each step, 14 shuffles where a
+ * transpose takes 24. The steps leave lanes in the order 0 2 1 3 4 6 5 7 (an
+ * involution), so inputs are taken in that order. */
+static inline vf vf_reduce_lanes(const vf a[8])
+{
+    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    __m256 b[4], c[2];
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[order[i]], a[order[i + 4]], 0x20),
+                             _mm256_permute2f128_ps(a[order[i]], a[order[i + 4]], 0x31));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[i], b[i + 2], 0x44),
+                             _mm256_shuffle_ps(b[i], b[i + 2], 0xee));
+    return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xdd));
 }
 
 #endif

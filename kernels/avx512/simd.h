@@ -15,6 +15,9 @@ static inline vf vf_load(const float *p) { return _mm512_load_ps(p); } /* 64-byt
 static inline vf vf_loadu(const float *p) { return _mm512_loadu_ps(p); }
 static inline void vf_store(float *p, vf x) { _mm512_store_ps(p, x); }
 static inline void vf_storeu(float *p, vf x) { _mm512_storeu_ps(p, x); }
+/* The cache line of p into L2 (prefetcht1). asm volatile: GCC treats helpers made
+   only of __builtin_prefetch as side-effect free and deletes their calls. */
+static inline void prefetch_l2(const void *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p)); }
 static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
 static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
@@ -94,6 +97,26 @@ static inline void vf_transpose(vf a[16])
         a[4 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88);
         a[12 + c] = _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xdd);
     }
+}
+
+/* r lane i = the sum of a[i]'s 16 lanes, every lane summed in the same order
+ * (l + 8, l + 4, l + 2, l + 1): halves of the data at each step, 30 shuffles where a
+ * transpose takes 64. The steps leave lanes in the order 0 2 1 3 8 10 9 11 4 6 5 7
+ * 12 14 13 15 (an involution), so inputs are taken in that order. */
+static inline vf vf_reduce_lanes(const vf a[16])
+{
+    static const int order[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[order[i]], a[order[i + 8]], 0x44),
+                             _mm512_shuffle_f32x4(a[order[i]], a[order[i + 8]], 0xee));
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[i], b[i + 4], 0x88),
+                             _mm512_shuffle_f32x4(b[i], b[i + 4], 0xdd));
+    for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[i], c[i + 2], 0x44),
+                             _mm512_shuffle_ps(c[i], c[i + 2], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
 }
 
 #endif

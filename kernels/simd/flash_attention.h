@@ -50,6 +50,7 @@
 #define MHA_SIMD_FLASH_ATTENTION_H
 
 #include <math.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -111,6 +112,8 @@ typedef struct pass {
     int bias_shared; /* every row reads the same bias row */
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
     int32_t kb_max;  /* the largest kv_begin of the pass's rows */
+    int32_t jmax;    /* the end of the keys the pass reads */
+    int stream;      /* K and V exceed L2: prefetch them (prefetch_tile) */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];
@@ -157,15 +160,18 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
 }
 
 /* Asks for K and V of keys [j0, j1) in L2, so that the next tile does not wait
- * on memory when K and V are larger than the caches. */
+ * on memory when K and V are larger than the caches. A pass of many rows asks
+ * for a whole tile at its start; a dot pass, whose compute per key is small,
+ * asks for the key one tile ahead at each step, so that its requests stay in
+ * flight while it computes (a burst would stall on the fill buffers). */
 static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
 {
     for (int64_t j = j0; j < j1; j++) {
         const float *k = blk->k + j * blk->k_stride, *v = blk->v + j * blk->v_stride;
         for (int32_t d = 0; d < blk->dk; d += 16)
-            __builtin_prefetch(k + d, 0, 2);
+            prefetch_l2(k + d);
         for (int32_t d = 0; d < blk->dv; d += 16)
-            __builtin_prefetch(v + d, 0, 2);
+            prefetch_l2(v + d);
     }
 }
 
@@ -217,61 +223,88 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
     }
 }
 
-/* qt[r][d] = scale * q[r][d] row by row, for the dot products. */
+/* qt[r][d] = scale * q[r][d] row by row for the dot products, rows padded with
+ * zeros to a multiple of 4. */
 static void pack_q_rows(pass *ps)
 {
     const int32_t dk = ps->blk->dk;
     const vf scale = vf_set1(ps->blk->scale);
-    for (int32_t r = 0; r < ps->nr; r++) {
+    for (int32_t r = 0; r < (ps->nr + 3) / 4 * 4; r++) {
         float *dst = ps->qt + (int64_t)r * dk;
         int32_t d = 0;
         for (; d + VF_LANES <= dk; d += VF_LANES)
-            vf_storeu(dst + d, vf_mul(scale, vf_loadu(ps->q[r] + d)));
+            vf_storeu(dst + d, r < ps->nr ? vf_mul(scale, vf_loadu(ps->q[r] + d)) : vf_zero());
         if (d < dk)
-            vf_storeu_n(dst + d, dk - d, vf_mul(scale, vf_loadu_n(ps->q[r] + d, dk - d)));
+            vf_storeu_n(dst + d, dk - d,
+                        r < ps->nr ? vf_mul(scale, vf_loadu_n(ps->q[r] + d, dk - d)) : vf_zero());
     }
 }
 
-/* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows: lane-wise partial
- * sums along dk, then one horizontal sum per score. Rows go four at a time so
- * that each K vector is loaded once for four rows; a row's arithmetic is the
- * same in any of the four slots. Keys no row sees are not read (-inf). */
+enum { DOT_KEYS = VF_LANES / 4 }; /* keys per step of the dot products, times 4 rows */
+
+/* acc[kk*4 + rr] (+)= sum over d of q[rr][d] k[kk][d] for DOT_KEYS keys and 4 rows
+ * of pitch dk: VF_LANES independent FMA chains, each K vector loaded once for four
+ * rows; then vf_reduce_lanes turns the VF_LANES lane-wise partial sums into one
+ * vector of VF_LANES scores (lane kk*4 + rr), summed in the same order in every
+ * lane, so a score does not depend on its slot. */
+static inline vf dot_tile(const float *q, int32_t dk, const float *const k[DOT_KEYS])
+{
+    vf acc[VF_LANES];
+#pragma GCC unroll 16
+    for (int i = 0; i < VF_LANES; i++)
+        acc[i] = vf_zero();
+    const int32_t tail = dk % VF_LANES;
+    for (int32_t d = 0; d < dk - tail; d += VF_LANES) {
+        const vf q0 = vf_loadu(q + d), q1 = vf_loadu(q + dk + d);
+        const vf q2 = vf_loadu(q + 2 * dk + d), q3 = vf_loadu(q + 3 * dk + d);
+#pragma GCC unroll 4
+        for (int kk = 0; kk < DOT_KEYS; kk++) {
+            const vf kv = vf_loadu(k[kk] + d);
+            acc[kk * 4] = vf_fmadd(q0, kv, acc[kk * 4]);
+            acc[kk * 4 + 1] = vf_fmadd(q1, kv, acc[kk * 4 + 1]);
+            acc[kk * 4 + 2] = vf_fmadd(q2, kv, acc[kk * 4 + 2]);
+            acc[kk * 4 + 3] = vf_fmadd(q3, kv, acc[kk * 4 + 3]);
+        }
+    }
+    if (tail) {
+        const int32_t d = dk - tail;
+        const vf q0 = vf_loadu_n(q + d, tail), q1 = vf_loadu_n(q + dk + d, tail);
+        const vf q2 = vf_loadu_n(q + 2 * dk + d, tail), q3 = vf_loadu_n(q + 3 * dk + d, tail);
+#pragma GCC unroll 4
+        for (int kk = 0; kk < DOT_KEYS; kk++) {
+            const vf kv = vf_loadu_n(k[kk] + d, tail);
+            acc[kk * 4] = vf_fmadd(q0, kv, acc[kk * 4]);
+            acc[kk * 4 + 1] = vf_fmadd(q1, kv, acc[kk * 4 + 1]);
+            acc[kk * 4 + 2] = vf_fmadd(q2, kv, acc[kk * 4 + 2]);
+            acc[kk * 4 + 3] = vf_fmadd(q3, kv, acc[kk * 4 + 3]);
+        }
+    }
+    return vf_reduce_lanes(acc);
+}
+
+/* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_KEYS keys by 4
+ * rows at a time (dot_tile). Keys no row sees are not read (-inf). */
 static void scores_dot(pass *ps, int32_t j0, int32_t jn)
 {
     const mha_attn_block *blk = ps->blk;
-    const int32_t dk = blk->dk, nr = ps->nr, tail = dk % VF_LANES;
+    const int32_t dk = blk->dk, nr = ps->nr;
     const int32_t jf = keys_from(ps, 0, nr, j0), jt = keys_to(ps, 0, nr, j0, jn);
-    for (int32_t j = 0; j < jn; j++) {
-        float *st = ps->st + j * ps->rp;
-        if (j < jf || j >= jt) {
+    for (int32_t j = 0; j < jn; j++)
+        if (j < jf || j >= jt)
             for (int32_t r = 0; r < nr; r++)
-                st[r] = -INFINITY;
-            continue;
-        }
-        const float *k = blk->k + (int64_t)(j0 + j) * blk->k_stride;
+                ps->st[j * ps->rp + r] = -INFINITY;
+    for (int32_t j = jf; j < jt; j += DOT_KEYS) {
+        const float *k[DOT_KEYS];
+        for (int kk = 0; kk < DOT_KEYS; kk++) /* keys past the range repeat its last one */
+            k[kk] = blk->k + (int64_t)(j0 + (j + kk < jt ? j + kk : jt - 1)) * blk->k_stride;
+        if (ps->stream)
+            prefetch_tile(blk, j0 + j + BC < ps->jmax ? j0 + j + BC : ps->jmax,
+                          j0 + j + BC + DOT_KEYS < ps->jmax ? j0 + j + BC + DOT_KEYS : ps->jmax);
         for (int32_t r = 0; r < nr; r += 4) {
-            const float *q[4];
-            for (int i = 0; i < 4; i++)
-                q[i] = ps->qt + (int64_t)(r + i < nr ? r + i : r) * dk;
-            vf a0 = vf_zero(), a1 = a0, a2 = a0, a3 = a0;
-            int32_t d = 0;
-            for (; d + VF_LANES <= dk; d += VF_LANES) {
-                const vf kv = vf_loadu(k + d);
-                a0 = vf_fmadd(vf_loadu(q[0] + d), kv, a0);
-                a1 = vf_fmadd(vf_loadu(q[1] + d), kv, a1);
-                a2 = vf_fmadd(vf_loadu(q[2] + d), kv, a2);
-                a3 = vf_fmadd(vf_loadu(q[3] + d), kv, a3);
-            }
-            if (tail) {
-                const vf kv = vf_loadu_n(k + d, tail);
-                a0 = vf_fmadd(vf_loadu_n(q[0] + d, tail), kv, a0);
-                a1 = vf_fmadd(vf_loadu_n(q[1] + d, tail), kv, a1);
-                a2 = vf_fmadd(vf_loadu_n(q[2] + d, tail), kv, a2);
-                a3 = vf_fmadd(vf_loadu_n(q[3] + d, tail), kv, a3);
-            }
-            const float s[4] = {vf_hsum(a0), vf_hsum(a1), vf_hsum(a2), vf_hsum(a3)};
-            for (int i = 0; i < 4 && r + i < nr; i++)
-                st[r + i] = s[i];
+            float s[VF_LANES];
+            vf_storeu(s, dot_tile(ps->qt + (int64_t)r * dk, dk, k));
+            for (int kk = 0; kk < DOT_KEYS && j + kk < jt; kk++)
+                memcpy(ps->st + (j + kk) * ps->rp + r, s + kk * 4, 4 * sizeof(float));
         }
     }
 }
@@ -473,6 +506,70 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t js, int3
     }
 }
 
+enum { DOT_VECS = VF_LANES / 4 }; /* column vectors per step of the dot passes' P.V */
+
+/* o[rr] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v[j] over `cols` columns
+ * (1..DOT_VECS*VF_LANES; all of them when full) for 4 rows: 4 x DOT_VECS
+ * accumulators, each V vector loaded once for the four rows; rows from `valid` on
+ * are not stored. */
+static inline __attribute__((always_inline)) void pv_quad_cols(
+    int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv, float *const o[4],
+    const float alpha[4], int valid, int32_t cols, int full)
+{
+    vf acc[4 * DOT_VECS];
+    int32_t n[DOT_VECS];
+#pragma GCC unroll 4
+    for (int c = 0; c < DOT_VECS; c++)
+        n[c] = full ? VF_LANES : cols - c * VF_LANES < 0 ? 0
+               : cols - c * VF_LANES > VF_LANES        ? VF_LANES
+                                                       : cols - c * VF_LANES;
+#pragma GCC unroll 16
+    for (int i = 0; i < 4 * DOT_VECS; i++) {
+        const float *src = o[i / DOT_VECS] + i % DOT_VECS * VF_LANES;
+        acc[i] = vf_mul(vf_set1(alpha[i / DOT_VECS]),
+                        full ? vf_loadu(src) : vf_loadu_n(src, n[i % DOT_VECS]));
+    }
+    for (int32_t j = 0; j < jn; j++) {
+        vf vv[DOT_VECS];
+#pragma GCC unroll 4
+        for (int c = 0; c < DOT_VECS; c++)
+            vv[c] = full ? vf_loadu(v + j * ldv + c * VF_LANES)
+                         : vf_loadu_n(v + j * ldv + c * VF_LANES, n[c]);
+#pragma GCC unroll 4
+        for (int rr = 0; rr < 4; rr++) {
+            const vf pb = vf_set1(p[(int64_t)j * pp + rr]);
+#pragma GCC unroll 4
+            for (int c = 0; c < DOT_VECS; c++)
+                acc[rr * DOT_VECS + c] = vf_fmadd(pb, vv[c], acc[rr * DOT_VECS + c]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4 * DOT_VECS; i++)
+        if (i / DOT_VECS < valid) {
+            float *dst = o[i / DOT_VECS] + i % DOT_VECS * VF_LANES;
+            if (full)
+                vf_storeu(dst, acc[i]);
+            else
+                vf_storeu_n(dst, n[i % DOT_VECS], acc[i]);
+        }
+}
+
+/* pv_quad_cols over all dv columns. */
+static void pv_quad(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
+                    float *const o[4], const float alpha[4], int valid, int32_t dv)
+{
+    enum { W = DOT_VECS * VF_LANES };
+    float *od[4];
+    for (int32_t d = 0; d < dv; d += W) {
+        for (int rr = 0; rr < 4; rr++)
+            od[rr] = o[rr] + d;
+        if (dv - d >= W)
+            pv_quad_cols(jn, p, pp, v + d, ldv, od, alpha, valid, W, 1);
+        else
+            pv_quad_cols(jn, p, pp, v + d, ldv, od, alpha, valid, dv - d, 0);
+    }
+}
+
 /* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A row group
  * runs from the first to the last key any of its rows sees (P is 0 outside),
  * and a group that sees none of the tile keeps O (alpha is 1 or O is 0). */
@@ -481,8 +578,9 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
     const int32_t dh = ps->blk->dv;
     const int64_t ldv = ps->blk->v_stride;
     const float *v = ps->blk->v + j0 * ldv;
-    for (int32_t rg = 0; rg < ps->nr; rg += PV_ROWS) {
-        const int valid = ps->nr - rg < PV_ROWS ? ps->nr - rg : PV_ROWS;
+    const int32_t group = ps->dot ? 4 : PV_ROWS;
+    for (int32_t rg = 0; rg < ps->nr; rg += group) {
+        const int valid = ps->nr - rg < group ? ps->nr - rg : group;
         const int32_t js = keys_from(ps, rg, rg + valid, j0), jv = keys_to(ps, rg, rg + valid, j0, jn);
         if (jv <= js)
             continue;
@@ -493,6 +591,17 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
         }
         const float *p = ps->st + js * ps->rp + rg;
         int32_t pp = ps->rp;
+        if (ps->dot) { /* rows past the pass repeat its last one (their P is 0) */
+            float *o4[4];
+            float alpha4[4];
+            for (int i = 0; i < 4; i++) {
+                const int32_t r = i < valid ? rg + i : ps->nr - 1;
+                o4[i] = ps->out[r];
+                alpha4[i] = ps->alpha[r];
+            }
+            pv_quad(jv - js, p, pp, v + js * ldv, ldv, o4, alpha4, valid, dh);
+            continue;
+        }
         float *o[PV_ROWS];
         vf alpha[PV_ROWS];
         for (int i = 0; i < PV_ROWS; i++) { /* rows past the pass repeat its last one */
@@ -530,7 +639,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     const int32_t dk = blk->dk, dv = blk->dv;
     ps->blk = blk;
     ps->nr = nr;
-    ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
+    ps->dot = nr <= DOT_ROWS && (int64_t)(nr + 3) / 4 * 4 * dk <= QT_FLOATS;
     ps->rp = ps->dot ? (nr + VF_LANES - 1) / VF_LANES * VF_LANES
                      : (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
     ps->bias_shared = blk->bias != NULL;
@@ -558,6 +667,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->l[r] = 0.0f;
     }
     const int32_t jmin = keys_from(ps, 0, nr, 0);
+    ps->jmax = jmax;
+    ps->stream = (int64_t)(jmax - jmin) * (dk + dv) > KV_L2_FLOATS;
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
         int32_t d = 0;
         for (; d + VF_LANES <= dv; d += VF_LANES)
@@ -577,7 +688,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
         if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
-        if (j0 + jn < jmax)
+        if (!ps->dot && j0 + jn < jmax)
             prefetch_tile(blk, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
         if (ps->dot)
             scores_dot(ps, j0, jn);
