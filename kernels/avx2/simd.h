@@ -26,12 +26,6 @@ static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vf_hsum(vf a)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
 
 /* The first n lanes (0 <= n <= 8). */
 static inline vi vi_first(int32_t n)

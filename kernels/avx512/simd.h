@@ -26,7 +26,6 @@ static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
 
 /* The first n lanes (0 <= n <= 16). */
 static inline vm vm_first(int32_t n) { return (vm)((1u << n) - 1); }
