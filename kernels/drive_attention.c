@@ -234,18 +234,21 @@ static void attend_item(void *arg, int64_t item)
     block_rows *br = (block_rows *)slot;
     const int window = mask && mask->window > 0;
     const int32_t nrows = at.heads * at.rows;
-    for (int32_t r = 0; r < nrows; r++) {
-        const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
-        const row_keys k = visible(a, at.b, i);
-        br->kv_end[r] = clamp(k.end - c0, 0, cn);
-        br->kv_begin[r] = clamp(k.begin - c0, 0, br->kv_end[r]);
-        br->shift[r] = alibi_shift(a, h, &k);
-        if (mask && mask->alibi_slopes) {
-            br->alibi_slope[r] = mask->alibi_slopes[h];
-            br->alibi_pos[r] = (int32_t)(k.ref - c0);
+    for (int32_t ii = 0; ii < at.rows; ii++) { /* a row's keys are the same in every head */
+        const row_keys k = visible(a, at.b, at.i0 + ii);
+        const int32_t end = clamp(k.end - c0, 0, cn), begin = clamp(k.begin - c0, 0, end);
+        for (int32_t t = 0, r = ii; t < at.heads; t++, r += at.rows) {
+            const int32_t h = at.h0 + t;
+            br->kv_end[r] = end;
+            br->kv_begin[r] = begin;
+            br->shift[r] = alibi_shift(a, h, &k);
+            if (mask && mask->alibi_slopes) {
+                br->alibi_slope[r] = mask->alibi_slopes[h];
+                br->alibi_pos[r] = (int32_t)(k.ref - c0);
+            }
+            if (mask && mask->sinks)
+                br->sink[r] = mask->sinks[h] - br->shift[r];
         }
-        if (mask && mask->sinks)
-            br->sink[r] = mask->sinks[h] - br->shift[r];
     }
 
     mha_attn_block blk = {

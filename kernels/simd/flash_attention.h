@@ -102,6 +102,12 @@ static inline vf vf_tanh(vf x)
     return vf_copysign(vf_select(vf_lt(a, vf_set1(0.25f)), small, big), x);
 }
 
+typedef struct span {
+    int32_t begin, end;
+} span;
+
+_Static_assert(PV_ROWS >= 4, "P.V row groups of the pass's spans");
+
 /* The state of one pass over up to RB query rows: the block's scratch. */
 typedef struct pass {
     const mha_attn_block *blk;
@@ -113,6 +119,7 @@ typedef struct pass {
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
     int32_t kb_max;  /* the largest kv_begin of the pass's rows */
     int32_t jmax;    /* the end of the keys the pass reads */
+    span all, qk[RB / QK_ROWS], pv[RB / 4]; /* keys seen by the pass, its score and P.V groups */
     int stream;      /* K and V exceed L2: prefetch them (prefetch_tile) */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
@@ -175,22 +182,27 @@ static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
     }
 }
 
-/* The keys of [j0, j0 + jn) that rows [r0, r1) see lie in [j0 + from, j0 + to):
- * to is the largest kv_end, from the smallest kv_begin of a row that sees any. */
-static int32_t keys_to(const pass *ps, int32_t r0, int32_t r1, int32_t j0, int32_t jn)
+/* The keys rows [r0, r1) see: from the smallest kv_begin of a row that sees any
+ * to the largest kv_end. */
+static span rows_span(const pass *ps, int32_t r0, int32_t r1)
 {
-    int32_t end = 0;
-    for (int32_t r = r0; r < r1; r++)
-        end = ps->ke[r] > end ? ps->ke[r] : end;
-    return end - j0 < jn ? end - j0 : jn;
+    span sp = {INT32_MAX, 0};
+    for (int32_t r = r0; r < r1; r++) {
+        sp.end = ps->ke[r] > sp.end ? ps->ke[r] : sp.end;
+        sp.begin = ps->kb[r] < ps->ke[r] && ps->kb[r] < sp.begin ? ps->kb[r] : sp.begin;
+    }
+    return sp;
 }
 
-static int32_t keys_from(const pass *ps, int32_t r0, int32_t r1, int32_t j0)
+/* Those keys within the tile [j0, j0 + jn), relative to j0: [keys_from, keys_to). */
+static int32_t keys_to(span sp, int32_t j0, int32_t jn)
 {
-    int32_t begin = INT32_MAX;
-    for (int32_t r = r0; r < r1; r++)
-        begin = ps->kb[r] < ps->ke[r] && ps->kb[r] < begin ? ps->kb[r] : begin;
-    return begin - j0 > 0 ? begin - j0 : 0;
+    return sp.end - j0 < jn ? sp.end - j0 : jn;
+}
+
+static int32_t keys_from(span sp, int32_t j0)
+{
+    return sp.begin - j0 > 0 ? sp.begin - j0 : 0;
 }
 
 /* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of dk. A row
@@ -211,8 +223,8 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                         + d0;
             for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
                 float *st = ps->st + jg * ps->rp + rg;
-                if (jg < keys_to(ps, rg, rg + QK_ROWS, j0, jn)
-                    && jg + QK_KEYS > keys_from(ps, rg, rg + QK_ROWS, j0))
+                const span sp = ps->qk[rg / QK_ROWS];
+                if (jg < keys_to(sp, j0, jn) && jg + QK_KEYS > keys_from(sp, j0))
                     qk_tile(dc, kp, ps->qt + rg, ps->rp, st, d0 > 0);
                 else
                     for (int i = 0; i < QK_KEYS; i++)
@@ -288,7 +300,7 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
 {
     const mha_attn_block *blk = ps->blk;
     const int32_t dk = blk->dk, nr = ps->nr;
-    const int32_t jf = keys_from(ps, 0, nr, j0), jt = keys_to(ps, 0, nr, j0, jn);
+    const int32_t jf = keys_from(ps->all, j0), jt = keys_to(ps->all, j0, jn);
     for (int32_t j = 0; j < jn; j++)
         if (j < jf || j >= jt)
             for (int32_t r = 0; r < nr; r++)
@@ -581,7 +593,8 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
     const int32_t group = ps->dot ? 4 : PV_ROWS;
     for (int32_t rg = 0; rg < ps->nr; rg += group) {
         const int valid = ps->nr - rg < group ? ps->nr - rg : group;
-        const int32_t js = keys_from(ps, rg, rg + valid, j0), jv = keys_to(ps, rg, rg + valid, j0, jn);
+        const span sp = ps->pv[rg / group];
+        const int32_t js = keys_from(sp, j0), jv = keys_to(sp, j0, jn);
         if (jv <= js)
             continue;
         if (careful) {
@@ -643,13 +656,15 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->rp = ps->dot ? (nr + VF_LANES - 1) / VF_LANES * VF_LANES
                      : (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
     ps->bias_shared = blk->bias != NULL;
-    for (int32_t r = 0; r < nr; r++) {
-        ps->q[r] = blk->q + mha_row_offset(blk, r0 + r, blk->q_stride, blk->q_group_stride);
-        ps->out[r] = blk->out + mha_row_offset(blk, r0 + r, blk->out_stride, blk->out_group_stride);
-        ps->bias[r] = blk->bias ? blk->bias + mha_row_offset(blk, r0 + r, blk->bias_stride,
-                                                             blk->bias_group_stride)
+    /* Row r0 + r is row i of group g: walk (g, i) rather than divide per row. */
+    for (int32_t r = 0, g = r0 / blk->group_rows, i = r0 % blk->group_rows; r < nr; r++) {
+        ps->q[r] = blk->q + g * blk->q_group_stride + i * blk->q_stride;
+        ps->out[r] = blk->out + g * blk->out_group_stride + i * blk->out_stride;
+        ps->bias[r] = blk->bias ? blk->bias + g * blk->bias_group_stride + i * blk->bias_stride
                                 : NULL;
         ps->bias_shared &= ps->bias[r] == ps->bias[0];
+        if (++i == blk->group_rows)
+            i = 0, g++;
     }
 
     int32_t jmax = 0;
@@ -666,7 +681,13 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->m[r] = -INFINITY;
         ps->l[r] = 0.0f;
     }
-    const int32_t jmin = keys_from(ps, 0, nr, 0);
+    ps->all = rows_span(ps, 0, nr);
+    for (int32_t rg = 0; !ps->dot && rg < ps->rp; rg += QK_ROWS)
+        ps->qk[rg / QK_ROWS] = rows_span(ps, rg, rg + QK_ROWS);
+    const int32_t group = ps->dot ? 4 : PV_ROWS;
+    for (int32_t rg = 0; rg < nr; rg += group)
+        ps->pv[rg / group] = rows_span(ps, rg, rg + group < nr ? rg + group : nr);
+    const int32_t jmin = keys_from(ps->all, 0);
     ps->jmax = jmax;
     ps->stream = (int64_t)(jmax - jmin) * (dk + dv) > KV_L2_FLOATS;
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
