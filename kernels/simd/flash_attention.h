@@ -171,15 +171,17 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
  * for a whole tile at its start; a dot pass, whose compute per key is small,
  * asks for the key one tile ahead at each step, so that its requests stay in
  * flight while it computes (a burst would stall on the fill buffers). */
+static void prefetch_rows(const float *x, int64_t stride, int32_t width, int64_t j0, int64_t j1)
+{
+    for (int64_t j = j0; j < j1; j++)
+        for (int32_t d = 0; d < width; d += 16)
+            prefetch_l2(x + j * stride + d);
+}
+
 static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
 {
-    for (int64_t j = j0; j < j1; j++) {
-        const float *k = blk->k + j * blk->k_stride, *v = blk->v + j * blk->v_stride;
-        for (int32_t d = 0; d < blk->dk; d += 16)
-            prefetch_l2(k + d);
-        for (int32_t d = 0; d < blk->dv; d += 16)
-            prefetch_l2(v + d);
-    }
+    prefetch_rows(blk->k, blk->k_stride, blk->dk, j0, j1);
+    prefetch_rows(blk->v, blk->v_stride, blk->dv, j0, j1);
 }
 
 /* The keys rows [r0, r1) see: from the smallest kv_begin of a row that sees any
@@ -309,12 +311,15 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
         const float *k[DOT_KEYS];
         for (int kk = 0; kk < DOT_KEYS; kk++) /* keys past the range repeat its last one */
             k[kk] = blk->k + (int64_t)(j0 + (j + kk < jt ? j + kk : jt - 1)) * blk->k_stride;
-        if (ps->stream)
-            prefetch_tile(blk, j0 + j + BC < ps->jmax ? j0 + j + BC : ps->jmax,
-                          j0 + j + BC + DOT_KEYS < ps->jmax ? j0 + j + BC + DOT_KEYS : ps->jmax);
+        const int64_t pf0 = j0 + j + BC < ps->jmax ? j0 + j + BC : ps->jmax;
+        const int64_t pf1 = pf0 + DOT_KEYS < ps->jmax ? pf0 + DOT_KEYS : ps->jmax;
+        if (ps->stream) /* K rows now, V rows after the first dot products */
+            prefetch_rows(blk->k, blk->k_stride, dk, pf0, pf1);
         for (int32_t r = 0; r < nr; r += 4) {
             float s[VF_LANES];
             vf_storeu(s, dot_tile(ps->qt + (int64_t)r * dk, dk, k));
+            if (ps->stream && r == 0)
+                prefetch_rows(blk->v, blk->v_stride, blk->dv, pf0, pf1);
             for (int kk = 0; kk < DOT_KEYS && j + kk < jt; kk++)
                 memcpy(ps->st + (j + kk) * ps->rp + r, s + kk * 4, 4 * sizeof(float));
         }
