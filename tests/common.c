@@ -1,3 +1,7 @@
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "common.h"
 
 #include <math.h>
@@ -233,4 +237,13 @@ void test_cache_free(test_cache *t)
     if (t->vbuf != t->kbuf)
         free(t->vbuf);
     free(t->kbuf);
+}
+
+void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
 }

@@ -26,6 +26,9 @@ float *filled_floats(int64_t n, float value);              /* malloc'd; never NU
 double tol_ratio(const float *a, const double *r, int64_t n, double tol);
 double tol_ratio_f(const float *a, const float *r, int64_t n, double tol);
 
+/* omp_set_num_threads(n); nothing in a build without OpenMP. */
+void set_threads(int n);
+
 /* Reads MHA_ISA: exits 77 (skip) when it names an ISA this CPU lacks, so that
    the suite registered once per ISA skips where that ISA cannot run. */
 void require_env_isa(void);

@@ -20,10 +20,6 @@
 
 #include <cmocka.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "common.h"
 
 static mha_isa isa;
@@ -32,15 +28,6 @@ static int quick;
 static void use(mha_isa i)
 {
     assert_int_equal(mha_isa_force(i), MHA_OK);
-}
-
-static void set_threads(int n)
-{
-#ifdef _OPENMP
-    omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
 }
 
 /* One cached attention call: lens has `batch` entries. */

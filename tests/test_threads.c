@@ -9,23 +9,10 @@
 
 #include <cmocka.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "common.h"
 
 static const int thread_counts[] = {1, 2, 3, 7};
 #define NT (sizeof thread_counts / sizeof *thread_counts)
-
-static void set_threads(int n)
-{
-#ifdef _OPENMP
-    omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-}
 
 static void layer_and_attention(void **state)
 {
