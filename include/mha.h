@@ -235,9 +235,9 @@ MHA_API mha_status mha_qkv_project(const mha_layer *layer, const float *query, c
    workspace may be NULL (the library allocates); otherwise it must hold at least
    mha_layer_workspace_size(...) bytes (less is MHA_ERR_ARG) and the call allocates
    nothing: the workspace also holds the attention's tiles, one set per thread of the
-   thread count at the time of mha_layer_workspace_size (OpenMP's, or the online CPUs
-   with a caller's pool); should more threads run the call, they take turns. It
-   returns 0 for a NULL layer or invalid sizes. */
+   thread count (OpenMP's, or the online CPUs with a caller's pool), so the size depends
+   on that count: ask again after raising it (a workspace sized for fewer threads is too
+   small, MHA_ERR_ARG). It returns 0 for a NULL layer or invalid sizes. */
 MHA_API size_t mha_layer_workspace_size(const mha_layer *layer, int32_t batch, int32_t seq_q,
                                         int32_t seq_kv);
 MHA_API mha_status mha_layer_forward(const mha_layer *layer, const float *query, const float *key,
