@@ -214,29 +214,12 @@ mha_status mha_kv_append(const mha_kv_cache *cache, const int32_t *lens, const f
     return MHA_OK;
 }
 
-/* The arguments of a cached attention call, checked; c is the resolved cache. */
-static mha_status cached_args(const mha_kv_cache *cache, const int32_t *lens, const float *q,
-                              int32_t heads, int32_t seq_q, float scale, const mha_mask *mask,
-                              float *out, mha_layout layout, float *lse, mha_kv_cache *c,
-                              mha_attn_args *a)
+/* The driver's view of attention over the resolved cache c (arguments checked). */
+static mha_attn_args cached_view(const mha_kv_cache *c, const int32_t *lens, const float *q,
+                                 int32_t heads, int32_t seq_q, float scale, const mha_mask *mask,
+                                 float *out, mha_layout layout, float *lse)
 {
-    mha_status st = check_cache(cache, c);
-    if (st != MHA_OK)
-        return st;
-    if (!lens || !q || !out)
-        return MHA_ERR_ARG;
-    if (layout != MHA_LAYOUT_BHSD && layout != MHA_LAYOUT_BSHD)
-        return MHA_ERR_ARG;
-    if (heads <= 0 || seq_q <= 0 || heads % c->kv_heads != 0
-        || COUNT(c->batch, heads, seq_q, c->head_dim) < 0
-        || COUNT(c->batch, heads, seq_q, c->v_head_dim) < 0)
-        return MHA_ERR_SHAPE;
-    if (mask && mask->key_lens)
-        return MHA_ERR_MASK;
-    st = check_mask(mask, c->batch, heads, seq_q, c->capacity);
-    if (st != MHA_OK)
-        return st;
-    *a = (mha_attn_args){
+    return (mha_attn_args){
         .batch = c->batch, .heads = heads, .kv_heads = c->kv_heads, .seq_q = seq_q,
         .seq_kv = c->capacity, .dk = c->head_dim, .dv = c->v_head_dim, .lens = lens,
         .q = q, .k = c->k, .v = c->v,
@@ -244,7 +227,6 @@ static mha_status cached_args(const mha_kv_cache *cache, const int32_t *lens, co
         .v_stride_b = c->v_stride_b, .v_stride_h = c->v_stride_h, .v_stride_s = c->v_stride_s,
         .scale = scale, .mask = mask, .out = out, .layout = layout, .lse = lse,
     };
-    return MHA_OK;
 }
 
 mha_status mha_attention_cached(const mha_kv_cache *cache, const int32_t *lens, const float *q,
@@ -252,13 +234,25 @@ mha_status mha_attention_cached(const mha_kv_cache *cache, const int32_t *lens, 
                                 float *out, mha_layout out_layout, float *lse)
 {
     mha_kv_cache c;
-    mha_attn_args a;
-    mha_status st = cached_args(cache, lens, q, heads, seq_q, scale, mask, out, out_layout, lse,
-                                &c, &a);
+    mha_status st = check_cache(cache, &c);
+    if (st != MHA_OK)
+        return st;
+    if (!lens || !q || !out)
+        return MHA_ERR_ARG;
+    if (out_layout != MHA_LAYOUT_BHSD && out_layout != MHA_LAYOUT_BSHD)
+        return MHA_ERR_ARG;
+    if (heads <= 0 || seq_q <= 0 || heads % c.kv_heads != 0
+        || COUNT(c.batch, heads, seq_q, c.head_dim) < 0
+        || COUNT(c.batch, heads, seq_q, c.v_head_dim) < 0)
+        return MHA_ERR_SHAPE;
+    if (mask && mask->key_lens)
+        return MHA_ERR_MASK;
+    st = check_mask(mask, c.batch, heads, seq_q, c.capacity);
     if (st == MHA_OK)
         st = check_lens(&c, lens, 0);
     if (st != MHA_OK)
         return st;
+    const mha_attn_args a = cached_view(&c, lens, q, heads, seq_q, scale, mask, out, out_layout, lse);
     return mha_attention_run(mha_kernels_active(), &a);
 }
 
@@ -762,13 +756,11 @@ mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
         new_lens[b] = lens[b] + seq_q;
         same_lens &= lens[b] == lens[0];
     }
-    mha_attn_args a;
-    mha_kv_cache unused;
-    st = cached_args(&c, new_lens, w.q, H, seq_q, 1.0f / sqrtf((float)c.head_dim), mask,
-                     layer->out_dim > 0 ? w.merged : out, MHA_LAYOUT_BSHD, NULL, &unused, &a);
+    const mha_attn_args a = cached_view(&c, new_lens, w.q, H, seq_q, 1.0f / sqrtf((float)c.head_dim),
+                                        mask, layer->out_dim > 0 ? w.merged : out,
+                                        MHA_LAYOUT_BSHD, NULL);
     mha_attn_plan plan;
-    if (st == MHA_OK)
-        st = mha_attention_prepare(kt, &a, w.arena, s.arena, &plan);
+    st = mha_attention_prepare(kt, &a, w.arena, s.arena, &plan);
     if (st != MHA_OK) {
         free(w.owned);
         return st;
