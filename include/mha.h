@@ -89,13 +89,16 @@ MHA_API int mha_isa_available(mha_isa isa);
    other threads compute: a call already running finishes on the ISA it started
    with, later calls use the new one. MHA_ERR_UNSUPPORTED when unavailable. */
 MHA_API mha_status mha_isa_force(mha_isa isa);
-/* "scalar", "avx2", "neon", "avx512"; "unknown" for a value outside the enum. */
+/* The lower-case name of an ISA of the enum ("avx2"); "unknown" for any other value. */
 MHA_API const char *mha_isa_name(mha_isa isa);
-/* Environment: MHA_ISA=scalar|avx2|neon|avx512 forces the ISA at first use; an unknown
-   or unavailable name is ignored (the best ISA stays) and reported by tools, never aborts.
-   avx2 needs AVX2 and FMA with an OS that saves YMM state (XCR0 bits 1, 2); avx512 needs
-   AVX-512 F, BW, DQ and VL plus FMA, with an OS that saves the opmask and ZMM state
-   (XCR0 bits 1, 2, 5, 6, 7). The default is the fastest ISA the CPU has. */
+/* The number of mha_isa values this library knows: they are 0 .. count - 1. */
+MHA_API int mha_isa_count(void);
+/* Environment: MHA_ISA=<name> forces the ISA at first use; an unknown or unavailable
+   name is ignored (the default stays) and reported by tools, never aborts. avx2 needs
+   AVX2 and FMA with an OS that saves YMM state (XCR0 bits 1, 2); avx512 needs AVX-512 F,
+   BW, DQ and VL plus FMA, with an OS that saves the opmask and ZMM state (XCR0 bits 1, 2,
+   5, 6, 7). The CPU's features are read once, at the first call that needs them. The
+   default is the fastest ISA the CPU has. */
 
 /* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
    returns when all have finished. */

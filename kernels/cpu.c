@@ -1,7 +1,11 @@
-/* CPU feature detection. x86: AVX2 needs AVX2 and FMA with YMM state saved by
- * the OS (OSXSAVE, XCR0 bits 1 and 2); AVX-512 needs F, BW, DQ and VL plus FMA,
- * with opmask and ZMM state saved too (XCR0 bits 5, 6 and 7). AArch64: NEON is
- * architectural. */
+/* CPU feature detection, run once: the ISAs this CPU and OS support, as one
+ * atomic set (bit isa), so that no call after the first executes CPUID (under
+ * a hypervisor each one traps, several microseconds). x86: AVX2 needs AVX2
+ * and FMA with YMM state saved by the OS (OSXSAVE, XCR0 bits 1 and 2); AVX-512
+ * needs F, BW, DQ and VL plus FMA, with opmask and ZMM state saved too (XCR0
+ * bits 5, 6 and 7). AArch64: NEON is architectural. */
+#include <stdatomic.h>
+
 #include "internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -11,42 +15,51 @@
 #define LEAF7_AVX2 (1u << 5)
 #define LEAF7_AVX512 (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31)
 
-/* Nonzero when FMA and AVX are there, the OS saves the states of xcr0_bits,
- * and leaf 7's EBX has every bit of leaf7_ebx. */
-static int x86_has(unsigned xcr0_bits, unsigned leaf7_ebx)
+static uint32_t detect(void)
 {
+    uint32_t set = 1u << MHA_ISA_SCALAR;
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx))
-        return 0;
+        return set;
     const int fma = (ecx >> 12) & 1, osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1;
     if (!(fma && osxsave && avx))
-        return 0;
+        return set;
     unsigned xcr0_lo, xcr0_hi;
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    if ((xcr0_lo & xcr0_bits) != xcr0_bits)
-        return 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
-        return 0;
-    return (ebx & leaf7_ebx) == leaf7_ebx;
+        return set;
+    if ((xcr0_lo & 0x6) == 0x6 && (ebx & LEAF7_AVX2) == LEAF7_AVX2)
+        set |= 1u << MHA_ISA_AVX2;
+    if ((xcr0_lo & 0xe6) == 0xe6 && (ebx & LEAF7_AVX512) == LEAF7_AVX512)
+        set |= 1u << MHA_ISA_AVX512;
+    /* An ISA on AMX tiles would also need the kernel's permission for their
+       state, asked here once: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
+    return set;
+}
+#elif defined(__aarch64__)
+static uint32_t detect(void)
+{
+    /* An ISA beyond NEON (SVE, SME) would read getauxval(AT_HWCAP) here. */
+    return 1u << MHA_ISA_SCALAR | 1u << MHA_ISA_NEON;
+}
+#else
+static uint32_t detect(void)
+{
+    return 1u << MHA_ISA_SCALAR;
 }
 #endif
 
+/* Bit 31: detected. Racing first calls detect the same set and store it alike. */
+#define DETECTED (1u << 31)
+_Static_assert(MHA_ISA_COUNT < 31, "the feature set holds one bit per ISA");
+static _Atomic uint32_t features;
+
 int mha_cpu_supports(mha_isa isa)
 {
-    switch (isa) {
-    case MHA_ISA_SCALAR:
-        return 1;
-#if defined(__x86_64__) || defined(__i386__)
-    case MHA_ISA_AVX2:
-        return x86_has(0x6, LEAF7_AVX2);
-    case MHA_ISA_AVX512:
-        return x86_has(0xe6, LEAF7_AVX512);
-#endif
-#if defined(__aarch64__)
-    case MHA_ISA_NEON:
-        return 1;
-#endif
-    default:
-        return 0;
+    uint32_t set = atomic_load_explicit(&features, memory_order_relaxed);
+    if (!set) {
+        set = detect() | DETECTED;
+        atomic_store_explicit(&features, set, memory_order_relaxed);
     }
+    return (unsigned)isa < MHA_ISA_COUNT && (set >> isa & 1u);
 }

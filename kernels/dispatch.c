@@ -1,6 +1,7 @@
 /* Chooses the kernel table once: MHA_ISA if it names an available ISA, else the
- * best available. The choice lives in one atomic pointer, so mha_isa_force may
- * race with running calls: each call reads the pointer once and keeps it. */
+ * available ISA of the highest rank in the list (kernels/meson.build). The
+ * choice lives in one atomic pointer, so mha_isa_force may race with running
+ * calls: each call reads the pointer once and keeps it. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,18 +24,20 @@ const mha_kernels *mha_kernels_for(mha_isa isa)
     return NULL;
 }
 
+static const int isa_rank[MHA_ISA_COUNT] = MHA_ISA_RANKS;
+
 static const mha_kernels *initial_table(void)
 {
     const char *env = getenv("MHA_ISA");
     for (int i = 0; env && i < MHA_ISA_COUNT; i++)
         if (strcmp(env, mha_isa_name((mha_isa)i)) == 0 && mha_kernels_for((mha_isa)i))
             return mha_kernels_for((mha_isa)i);
-    /* The fastest the CPU has: of the ISAs of one architecture, a later one in
-       the list is a superset of an earlier one (avx512 of avx2). */
-    for (int i = MHA_ISA_COUNT - 1; i >= 0; i--)
-        if (mha_kernels_for((mha_isa)i))
-            return mha_kernels_for((mha_isa)i);
-    return &mha_kernels_scalar;
+    /* The available ISA of the highest rank in the list. */
+    const mha_kernels *best = &mha_kernels_scalar;
+    for (int i = 0; i < MHA_ISA_COUNT; i++)
+        if (mha_kernels_for((mha_isa)i) && isa_rank[i] > isa_rank[best->isa])
+            best = mha_kernels_for((mha_isa)i);
+    return best;
 }
 
 const mha_kernels *mha_kernels_active(void)
@@ -67,6 +70,11 @@ mha_status mha_isa_force(mha_isa isa)
         return MHA_ERR_UNSUPPORTED;
     atomic_store_explicit(&active_table, kt, memory_order_release);
     return MHA_OK;
+}
+
+int mha_isa_count(void)
+{
+    return MHA_ISA_COUNT;
 }
 
 #define NAME_CASE_(name, value) \

@@ -11,8 +11,6 @@ import threading
 
 F32P, I32P = C.POINTER(C.c_float), C.POINTER(C.c_int32)
 
-# mha_isa values (mha.h); new ones are only ever appended.
-ISAS = {"scalar": 0, "avx2": 1, "neon": 2, "avx512": 3}
 LAYOUTS = {"bhsd": 0, "bshd": 1}
 
 
@@ -51,6 +49,8 @@ _SIGNATURES = {
     "mha_isa_active": (C.c_int, []),
     "mha_isa_available": (C.c_int, [C.c_int]),
     "mha_isa_force": (C.c_int, [C.c_int]),
+    "mha_isa_name": (C.c_char_p, [C.c_int]),
+    "mha_isa_count": (C.c_int, []),
     "mha_attention": (C.c_int, [C.POINTER(AttnDims), F32P, F32P, F32P, C.c_float,
                                 C.POINTER(Mask), F32P, C.c_int]),
     "mha_kv_append": (C.c_int, [C.POINTER(KvCache), I32P, F32P, F32P, _I32]),
@@ -77,6 +77,9 @@ class _Lib:
 
 
 lib = _Lib(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmha.so"))
+
+# name -> mha_isa value, from the library's own list.
+ISAS = {lib.mha_isa_name(i).decode(): i for i in range(lib.mha_isa_count())}
 
 
 class Error(Exception):
