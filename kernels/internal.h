@@ -114,17 +114,6 @@ typedef struct mha_kernels {
      * by the calling thread. */
     size_t (*transpose_scratch_bytes)(int32_t rows, int32_t cols, int32_t elem);
     void (*transpose)(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
-
-    /* The vector exp of the attention: y[i] = exp(x[i]) for x[i] <= 0 (the softmax
-     * range), n >= 0, within exp_ulp ulp of expf over [-87.3, 0] (the bound is
-     * derived in the kernel's source, checked by tests/test_exp.c); -INFINITY
-     * gives 0. NULL for the scalar reference, which calls expf. */
-    void (*exp_array)(const float *x, float *y, int64_t n);
-    int32_t exp_ulp;
-    /* The vector tanh of the softcap: y[i] = tanh(x[i]) within tanh_ulp ulp of
-     * tanhf (checked by tests/test_exp.c); NULL for the scalar reference. */
-    void (*tanh_array)(const float *x, float *y, int64_t n);
-    int32_t tanh_ulp;
 } mha_kernels;
 
 /* The kernels of each ISA, named <what>__<isa>; their tables are in <isa>/table.c. */
@@ -140,8 +129,6 @@ void mha_attn_block__avx2(const mha_attn_block *blk);
 size_t mha_attn_scratch_bytes__avx2(void);
 size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
-void mha_exp_array__avx2(const float *x, float *y, int64_t n);
-void mha_tanh_array__avx2(const float *x, float *y, int64_t n);
 
 void mha_gemm_12x32__avx512(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                             float *tile);
@@ -149,14 +136,13 @@ void mha_attn_block__avx512(const mha_attn_block *blk);
 size_t mha_attn_scratch_bytes__avx512(void);
 size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx512(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
-void mha_exp_array__avx512(const float *x, float *y, int64_t n);
-void mha_tanh_array__avx512(const float *x, float *y, int64_t n);
 
 void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);
 void mha_attn_block__neon(const mha_attn_block *blk);
-void mha_exp_array__neon(const float *x, float *y, int64_t n);
-void mha_tanh_array__neon(const float *x, float *y, int64_t n);
+size_t mha_attn_scratch_bytes__neon(void);
+size_t mha_transpose_scratch_bytes__neon(int32_t rows, int32_t cols, int32_t elem);
+void mha_transpose__neon(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
 
 #define MHA_DECLARE_TABLE_(name, value) extern const mha_kernels mha_kernels_##name;
 MHA_ISA_LIST(MHA_DECLARE_TABLE_)
@@ -186,7 +172,8 @@ void *mha_scratch_take(mha_scratch *s);
 void mha_scratch_give(mha_scratch *s, void *slot);
 void mha_scratch_free(mha_scratch *s);
 
-/* cpu.c: does this CPU (and OS) support the ISA? Scalar is always supported. */
+/* cpu.c: does this CPU (and OS) support the ISA? Scalar is always supported.
+ * The features are detected at the first call only. */
 int mha_cpu_supports(mha_isa isa);
 /* dispatch.c: the table of an ISA built in and supported here, else NULL. */
 const mha_kernels *mha_kernels_for(mha_isa isa);

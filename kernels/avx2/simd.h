@@ -1,5 +1,5 @@
-/* The SIMD layer of the shared kernels (simd/flash_attention.h) for AVX2+FMA:
- * 8 float lanes; a lane mask is a vector of all-ones or zero lanes. */
+/* The SIMD layer of the shared kernels (kernels/simd/) for AVX2+FMA:
+ * 8 float lanes, 16 vector registers; a lane mask is a vector of all-ones or zero lanes. */
 #ifndef MHA_AVX2_SIMD_H
 #define MHA_AVX2_SIMD_H
 
@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #define VF_LANES 8
+#define VF_REGS 16
 typedef __m256 vf;
 typedef __m256i vi;
 typedef __m256 vm;
@@ -49,32 +50,12 @@ static inline vf vf_abs(vf x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x
 /* |mag| with the sign of sgn, for mag >= 0. */
 static inline vf vf_copysign(vf mag, vf sgn) { return _mm256_or_ps(mag, _mm256_and_ps(sgn, _mm256_set1_ps(-0.0f))); }
 
-/* exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2/2 (n = x log2(e) rounded by
- * the 1.5*2^23 trick; Cody-Waite: ln2 split in a 9-bit head and a tail), then
- * exp(r) = 1 + r + r^2 p(r) with the degree-5 minimax p of Cephes' expf, and 2^n
- * inserted in the exponent field. x < ln(FLT_MIN) gives 0 (so -INFINITY gives
- * 0), NaN stays NaN, exp(0) = 1 exactly.
- * Measured over every float in [-87.3, 0] against glibc expf: max error 1 ulp
- * (99.2% of them exact). */
-static inline vf vf_exp(vf x)
+/* x rounded to an integer, ties to even. */
+static inline vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* 2^n for integral n in [-126, 127]: n + 127 in the exponent field. */
+static inline vf vf_pow2i(vf n)
 {
-    /* t = x log2(e) + 1.5 * 2^23 + 127 rounds to an integer whose low bits are n + 127. */
-    const __m256 magic = _mm256_set1_ps(12583039.0f);
-    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
-    const __m256 n = _mm256_sub_ps(t, magic);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-                                   _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(t), 23);
-    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654475f), _CMP_LT_OQ);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 
 /* 8x8 transpose of rows a[0..8) (in place). */

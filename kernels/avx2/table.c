@@ -16,8 +16,4 @@ const mha_kernels mha_kernels_avx2 = {
     .attn_block = mha_attn_block__avx2,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__avx2,
     .transpose = mha_transpose__avx2,
-    .exp_array = mha_exp_array__avx2,
-    .exp_ulp = 1,
-    .tanh_array = mha_tanh_array__avx2,
-    .tanh_ulp = 3,
 };

@@ -123,13 +123,3 @@ void mha_attn_block__avx512(const mha_attn_block *blk)
 {
     flash_attn_block(blk);
 }
-
-void mha_exp_array__avx512(const float *x, float *y, int64_t n)
-{
-    simd_map(vf_exp, x, y, n);
-}
-
-void mha_tanh_array__avx512(const float *x, float *y, int64_t n)
-{
-    simd_map(vf_tanh, x, y, n);
-}

@@ -1,5 +1,5 @@
-/* The SIMD layer of the shared kernels (simd/flash_attention.h) for AVX-512
- * F/BW/DQ/VL: 16 float lanes; a lane mask is an opmask register. */
+/* The SIMD layer of the shared kernels (kernels/simd/) for AVX-512
+ * F/BW/DQ/VL: 16 float lanes, 32 vector registers; a lane mask is an opmask register. */
 #ifndef MHA_AVX512_SIMD_H
 #define MHA_AVX512_SIMD_H
 
@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #define VF_LANES 16
+#define VF_REGS 32
 typedef __m512 vf;
 typedef __m512i vi;
 typedef __mmask16 vm;
@@ -46,28 +47,12 @@ static inline vf vf_abs(vf x) { return _mm512_abs_ps(x); }
 /* |mag| with the sign of sgn, for mag >= 0. */
 static inline vf vf_copysign(vf mag, vf sgn) { return _mm512_or_ps(mag, _mm512_and_ps(sgn, _mm512_set1_ps(-0.0f))); }
 
-/* exp(x) for x <= 0 in 12 operations: x = n ln2 + r with n = round(x log2(e))
- * (vrndscaleps) and |r| <= ln2/2 (Cody-Waite: ln2 in a 9-bit head and a tail),
- * exp(r) ~ 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3 + c6 r^4) in Horner form (the
- * degree-6 fit of the NEON layer), then 2^n applied by vscalefps, whose opmask
- * flushes x < ln(FLT_MIN) (and so -INFINITY) to 0. NaN stays NaN, exp(0) = 1.
- * Measured over every float in [-87.3, 0] (1.1e9) against glibc expf: max error
- * 1 ulp. */
-static inline vf vf_exp(vf x)
+/* x rounded to an integer, ties to even. */
+static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* 2^n for integral n in [-126, 127]: n + 127 in the exponent field. */
+static inline vf vf_pow2i(vf n)
 {
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654475f), _CMP_NLT_UQ);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(0x1.687c22p-10f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.123b8ep-7f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.555b58p-5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.55548ep-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.fffff8p-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 
 /* 16x16 transpose of rows a[0..16) (in place): interleave 32-bit pairs, then

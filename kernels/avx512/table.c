@@ -18,8 +18,4 @@ const mha_kernels mha_kernels_avx512 = {
     .attn_block = mha_attn_block__avx512,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__avx512,
     .transpose = mha_transpose__avx512,
-    .exp_array = mha_exp_array__avx512,
-    .exp_ulp = 1,
-    .tanh_array = mha_tanh_array__avx512,
-    .tanh_ulp = 3,
 };

@@ -2,8 +2,7 @@
  * SIMD layer, for every ISA whose vectors run across query rows. An ISA's
  * attention.c includes its simd.h (the vf/vi/vm types and operations), defines
  * its register tiles and their sizes, then includes this file and wraps
- * flash_attn_block(), simd_map() of vf_exp and vf_tanh, and sizeof(pass), the block's scratch,
- * under its own names:
+ * flash_attn_block() and sizeof(pass), the block's scratch, under its own names:
  *
  *   QK_KEYS x QK_ROWS   score tile: st[j][r] (+)= sum_d K[j][d] qt[d][r] over a
  *                       dk chunk, QK_ROWS a multiple of VF_LANES
@@ -21,7 +20,8 @@
  * transposed, broadcasting K straight from memory: no per-tile packing of K.
  * A pass of at most DOT_ROWS rows (decode: the query heads of one kv head, a row
  * or a few each) would waste most of those row lanes; it takes dot products
- * along dk instead, each K row loaded once for all the pass's rows.
+ * along dk instead, in row groups of 4, 2 or 1 (a group of 1..3 rows costs
+ * 1..3 rows), each K vector loaded once for a group's rows.
  * Vectors run across query rows, so the softmax statistics m and l are vectors
  * too and need no horizontal reductions. P.V broadcasts p from st and loads V
  * rows straight from memory; the output rows are the accumulator. dk is
@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "simd/math.h"
 
 enum {
     QT_FLOATS = 128 * RB,      /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
@@ -70,36 +71,6 @@ static int32_t pass_rows(const mha_attn_block *blk)
 {
     const int64_t kv = (int64_t)blk->seq_kv * (blk->dk + blk->dv);
     return kv > KV_L2_FLOATS && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
-}
-
-/* y = f(x) over an array, in vectors then a masked tail (f inlines: static). */
-static inline void simd_map(vf (*f)(vf), const float *x, float *y, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + VF_LANES <= n; i += VF_LANES)
-        vf_storeu(y + i, f(vf_loadu(x + i)));
-    if (i < n)
-        vf_storeu_n(y + i, (int32_t)(n - i), f(vf_loadu_n(x + i, (int32_t)(n - i))));
-}
-
-/* tanh(x): for |x| < 0.25 the odd Taylor polynomial of degree 11 (truncation
- * below 1e-8 relative), else (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.61,
- * where 1 - e >= 0.39 loses at most 1.3 bits to cancellation; the sign is put
- * back last. tanh(+-inf) = +-1, NaN stays NaN. Measured against tanhf over the
- * floats of [-20, 20] (tests/test_exp.c): at most tanh_ulp of the table. */
-static inline vf vf_tanh(vf x)
-{
-    const vf a = vf_abs(x), one = vf_set1(1.0f);
-    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), a));
-    const vf big = vf_div(vf_sub(one, e), vf_add(one, e));
-    const vf a2 = vf_mul(a, a);
-    vf p = vf_set1(-1382.0f / 155925.0f);
-    p = vf_fmadd(p, a2, vf_set1(62.0f / 2835.0f));
-    p = vf_fmadd(p, a2, vf_set1(-17.0f / 315.0f));
-    p = vf_fmadd(p, a2, vf_set1(2.0f / 15.0f));
-    p = vf_fmadd(p, a2, vf_set1(-1.0f / 3.0f));
-    const vf small = vf_fmadd(vf_mul(p, a2), a, a);
-    return vf_copysign(vf_select(vf_lt(a, vf_set1(0.25f)), small, big), x);
 }
 
 typedef struct span {
@@ -237,67 +208,101 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
     }
 }
 
-/* qt[r][d] = scale * q[r][d] row by row for the dot products, rows padded with
- * zeros to a multiple of 4. */
+/* qt[r][d] = scale * q[r][d] row by row for the dot products. */
 static void pack_q_rows(pass *ps)
 {
     const int32_t dk = ps->blk->dk;
     const vf scale = vf_set1(ps->blk->scale);
-    for (int32_t r = 0; r < (ps->nr + 3) / 4 * 4; r++) {
+    for (int32_t r = 0; r < ps->nr; r++) {
         float *dst = ps->qt + (int64_t)r * dk;
         int32_t d = 0;
         for (; d + VF_LANES <= dk; d += VF_LANES)
-            vf_storeu(dst + d, r < ps->nr ? vf_mul(scale, vf_loadu(ps->q[r] + d)) : vf_zero());
+            vf_storeu(dst + d, vf_mul(scale, vf_loadu(ps->q[r] + d)));
         if (d < dk)
-            vf_storeu_n(dst + d, dk - d,
-                        r < ps->nr ? vf_mul(scale, vf_loadu_n(ps->q[r] + d, dk - d)) : vf_zero());
+            vf_storeu_n(dst + d, dk - d, vf_mul(scale, vf_loadu_n(ps->q[r] + d, dk - d)));
     }
 }
 
-enum { DOT_KEYS = VF_LANES / 4 }; /* keys per step of the dot products, times 4 rows */
+/* The dot products of a pass of few rows go R rows (4, 2 or 1) by DOT_SCORES / R
+ * keys at a time: DOT_SCORES independent FMA chains (at least 8, to cover the
+ * FMA latency), each K vector loaded once for the R rows, so a group of 1..3
+ * rows costs 1..3 rows' work. */
+enum {
+    DOT_REDUCES = (8 + VF_LANES - 1) / VF_LANES, /* lane reductions per step */
+    DOT_SCORES = DOT_REDUCES * VF_LANES,        /* scores per step */
+};
 
-/* acc[kk*4 + rr] (+)= sum over d of q[rr][d] k[kk][d] for DOT_KEYS keys and 4 rows
- * of pitch dk: VF_LANES independent FMA chains, each K vector loaded once for four
- * rows; then vf_reduce_lanes turns the VF_LANES lane-wise partial sums into one
- * vector of VF_LANES scores (lane kk*4 + rr), summed in the same order in every
- * lane, so a score does not depend on its slot. */
-static inline vf dot_tile(const float *q, int32_t dk, const float *const k[DOT_KEYS])
+/* s[kk*R + rr] = sum over d of q[rr*dk + d] k[kk][d] for DOT_SCORES / R keys and
+ * R rows: the lane-wise partial sums, then vf_reduce_lanes, which sums every lane
+ * in the same order, so that a score does not depend on its slot. */
+static inline __attribute__((always_inline)) void dot_tile(const float *q, int32_t dk,
+                                                           const float *const *k, float *s,
+                                                           const int R)
 {
-    vf acc[VF_LANES];
+    const int KS = DOT_SCORES / R;
+    vf acc[DOT_SCORES];
 #pragma GCC unroll 16
-    for (int i = 0; i < VF_LANES; i++)
+    for (int i = 0; i < DOT_SCORES; i++)
         acc[i] = vf_zero();
     const int32_t tail = dk % VF_LANES;
     for (int32_t d = 0; d < dk - tail; d += VF_LANES) {
-        const vf q0 = vf_loadu(q + d), q1 = vf_loadu(q + dk + d);
-        const vf q2 = vf_loadu(q + 2 * dk + d), q3 = vf_loadu(q + 3 * dk + d);
+        vf qv[4];
 #pragma GCC unroll 4
-        for (int kk = 0; kk < DOT_KEYS; kk++) {
+        for (int rr = 0; rr < R; rr++)
+            qv[rr] = vf_loadu(q + rr * dk + d);
+#pragma GCC unroll 16
+        for (int kk = 0; kk < KS; kk++) {
             const vf kv = vf_loadu(k[kk] + d);
-            acc[kk * 4] = vf_fmadd(q0, kv, acc[kk * 4]);
-            acc[kk * 4 + 1] = vf_fmadd(q1, kv, acc[kk * 4 + 1]);
-            acc[kk * 4 + 2] = vf_fmadd(q2, kv, acc[kk * 4 + 2]);
-            acc[kk * 4 + 3] = vf_fmadd(q3, kv, acc[kk * 4 + 3]);
+#pragma GCC unroll 4
+            for (int rr = 0; rr < R; rr++)
+                acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
         }
     }
     if (tail) {
         const int32_t d = dk - tail;
-        const vf q0 = vf_loadu_n(q + d, tail), q1 = vf_loadu_n(q + dk + d, tail);
-        const vf q2 = vf_loadu_n(q + 2 * dk + d, tail), q3 = vf_loadu_n(q + 3 * dk + d, tail);
+        vf qv[4];
 #pragma GCC unroll 4
-        for (int kk = 0; kk < DOT_KEYS; kk++) {
+        for (int rr = 0; rr < R; rr++)
+            qv[rr] = vf_loadu_n(q + rr * dk + d, tail);
+#pragma GCC unroll 16
+        for (int kk = 0; kk < KS; kk++) {
             const vf kv = vf_loadu_n(k[kk] + d, tail);
-            acc[kk * 4] = vf_fmadd(q0, kv, acc[kk * 4]);
-            acc[kk * 4 + 1] = vf_fmadd(q1, kv, acc[kk * 4 + 1]);
-            acc[kk * 4 + 2] = vf_fmadd(q2, kv, acc[kk * 4 + 2]);
-            acc[kk * 4 + 3] = vf_fmadd(q3, kv, acc[kk * 4 + 3]);
+#pragma GCC unroll 4
+            for (int rr = 0; rr < R; rr++)
+                acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
         }
     }
-    return vf_reduce_lanes(acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < DOT_REDUCES; i++)
+        vf_storeu(s + i * VF_LANES, vf_reduce_lanes(acc + i * VF_LANES));
 }
 
-/* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_KEYS keys by 4
- * rows at a time (dot_tile). Keys no row sees are not read (-inf). */
+/* The row groups of a dot pass: 4 rows while 4 remain, then 2, then 1. */
+static int32_t dot_group(int32_t nr, int32_t r)
+{
+    return nr - r >= 4 ? 4 : nr - r >= 2 ? 2 : 1;
+}
+
+/* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
+ * the key jt - 1, and are not stored) and R rows from r0. */
+static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0, int32_t j,
+                                                           int32_t jt, const float *const *k,
+                                                           const int R)
+{
+    const int KS = DOT_SCORES / R;
+    const int32_t dk = ps->blk->dk;
+#pragma GCC unroll 4
+    for (int sub = 0; sub < R; sub++) {
+        float s[DOT_SCORES];
+        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R);
+        for (int kk = 0; kk < KS && j + sub * KS + kk < jt; kk++)
+            for (int rr = 0; rr < R; rr++)
+                ps->st[(j + sub * KS + kk) * ps->rp + r0 + rr] = s[kk * R + rr];
+    }
+}
+
+/* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_SCORES keys per
+ * step for every row group. Keys no row sees are not read (-inf). */
 static void scores_dot(pass *ps, int32_t j0, int32_t jn)
 {
     const mha_attn_block *blk = ps->blk;
@@ -307,21 +312,22 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
         if (j < jf || j >= jt)
             for (int32_t r = 0; r < nr; r++)
                 ps->st[j * ps->rp + r] = -INFINITY;
-    for (int32_t j = jf; j < jt; j += DOT_KEYS) {
-        const float *k[DOT_KEYS];
-        for (int kk = 0; kk < DOT_KEYS; kk++) /* keys past the range repeat its last one */
+    for (int32_t j = jf; j < jt; j += DOT_SCORES) {
+        const float *k[DOT_SCORES];
+        for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
             k[kk] = blk->k + (int64_t)(j0 + (j + kk < jt ? j + kk : jt - 1)) * blk->k_stride;
         const int64_t pf0 = j0 + j + BC < ps->jmax ? j0 + j + BC : ps->jmax;
-        const int64_t pf1 = pf0 + DOT_KEYS < ps->jmax ? pf0 + DOT_KEYS : ps->jmax;
+        const int64_t pf1 = pf0 + DOT_SCORES < ps->jmax ? pf0 + DOT_SCORES : ps->jmax;
         if (ps->stream) /* K rows now, V rows after the first dot products */
             prefetch_rows(blk->k, blk->k_stride, dk, pf0, pf1);
-        for (int32_t r = 0; r < nr; r += 4) {
-            float s[VF_LANES];
-            vf_storeu(s, dot_tile(ps->qt + (int64_t)r * dk, dk, k));
+        for (int32_t r = 0; r < nr; r += dot_group(nr, r)) {
+            switch (dot_group(nr, r)) {
+            case 4: dot_step(ps, r, j, jt, k, 4); break;
+            case 2: dot_step(ps, r, j, jt, k, 2); break;
+            default: dot_step(ps, r, j, jt, k, 1); break;
+            }
             if (ps->stream && r == 0)
                 prefetch_rows(blk->v, blk->v_stride, blk->dv, pf0, pf1);
-            for (int kk = 0; kk < DOT_KEYS && j + kk < jt; kk++)
-                memcpy(ps->st + (j + kk) * ps->rp + r, s + kk * 4, 4 * sizeof(float));
         }
     }
 }
@@ -523,67 +529,83 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t js, int3
     }
 }
 
-enum { DOT_VECS = VF_LANES / 4 }; /* column vectors per step of the dot passes' P.V */
+/* Accumulators of the dot passes' P.V: half the register file. */
+enum { DOT_ACC = VF_REGS / 2 };
 
 /* o[rr] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v[j] over `cols` columns
- * (1..DOT_VECS*VF_LANES; all of them when full) for 4 rows: 4 x DOT_VECS
- * accumulators, each V vector loaded once for the four rows; rows from `valid` on
- * are not stored. */
-static inline __attribute__((always_inline)) void pv_quad_cols(
-    int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv, float *const o[4],
-    const float alpha[4], int valid, int32_t cols, int full)
+ * (1..W, W = DOT_ACC / R vectors; all W when full) for R rows (4, 2 or 1):
+ * DOT_ACC accumulators, each V vector loaded once for the R rows. */
+static inline __attribute__((always_inline)) void pv_rows_cols(
+    int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv, float *const *o,
+    const float *alpha, int32_t cols, int full, const int R)
 {
-    vf acc[4 * DOT_VECS];
-    int32_t n[DOT_VECS];
-#pragma GCC unroll 4
-    for (int c = 0; c < DOT_VECS; c++)
+    const int CV = DOT_ACC / R;
+    vf acc[DOT_ACC];
+    int32_t n[DOT_ACC];
+#pragma GCC unroll 16
+    for (int c = 0; c < CV; c++)
         n[c] = full ? VF_LANES : cols - c * VF_LANES < 0 ? 0
                : cols - c * VF_LANES > VF_LANES        ? VF_LANES
                                                        : cols - c * VF_LANES;
 #pragma GCC unroll 16
-    for (int i = 0; i < 4 * DOT_VECS; i++) {
-        const float *src = o[i / DOT_VECS] + i % DOT_VECS * VF_LANES;
-        acc[i] = vf_mul(vf_set1(alpha[i / DOT_VECS]),
-                        full ? vf_loadu(src) : vf_loadu_n(src, n[i % DOT_VECS]));
+    for (int i = 0; i < R * CV; i++) {
+        const float *src = o[i / CV] + i % CV * VF_LANES;
+        acc[i] = vf_mul(vf_set1(alpha[i / CV]), full ? vf_loadu(src) : vf_loadu_n(src, n[i % CV]));
     }
     for (int32_t j = 0; j < jn; j++) {
-        vf vv[DOT_VECS];
-#pragma GCC unroll 4
-        for (int c = 0; c < DOT_VECS; c++)
+        vf vv[DOT_ACC];
+#pragma GCC unroll 16
+        for (int c = 0; c < CV; c++)
             vv[c] = full ? vf_loadu(v + j * ldv + c * VF_LANES)
                          : vf_loadu_n(v + j * ldv + c * VF_LANES, n[c]);
 #pragma GCC unroll 4
-        for (int rr = 0; rr < 4; rr++) {
+        for (int rr = 0; rr < R; rr++) {
             const vf pb = vf_set1(p[(int64_t)j * pp + rr]);
-#pragma GCC unroll 4
-            for (int c = 0; c < DOT_VECS; c++)
-                acc[rr * DOT_VECS + c] = vf_fmadd(pb, vv[c], acc[rr * DOT_VECS + c]);
+#pragma GCC unroll 16
+            for (int c = 0; c < CV; c++)
+                acc[rr * CV + c] = vf_fmadd(pb, vv[c], acc[rr * CV + c]);
         }
     }
 #pragma GCC unroll 16
-    for (int i = 0; i < 4 * DOT_VECS; i++)
-        if (i / DOT_VECS < valid) {
-            float *dst = o[i / DOT_VECS] + i % DOT_VECS * VF_LANES;
-            if (full)
-                vf_storeu(dst, acc[i]);
-            else
-                vf_storeu_n(dst, n[i % DOT_VECS], acc[i]);
-        }
+    for (int i = 0; i < R * CV; i++) {
+        float *dst = o[i / CV] + i % CV * VF_LANES;
+        if (full)
+            vf_storeu(dst, acc[i]);
+        else
+            vf_storeu_n(dst, n[i % CV], acc[i]);
+    }
 }
 
-/* pv_quad_cols over all dv columns. */
-static void pv_quad(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
-                    float *const o[4], const float alpha[4], int valid, int32_t dv)
+/* pv_rows_cols over all dv columns. */
+static inline __attribute__((always_inline)) void pv_rows(int32_t jn, const float *p, int32_t pp,
+                                                          const float *v, int64_t ldv,
+                                                          float *const *o, const float *alpha,
+                                                          int32_t dv, const int R)
 {
-    enum { W = DOT_VECS * VF_LANES };
+    const int32_t W = DOT_ACC / R * VF_LANES;
     float *od[4];
     for (int32_t d = 0; d < dv; d += W) {
-        for (int rr = 0; rr < 4; rr++)
+        for (int rr = 0; rr < R; rr++)
             od[rr] = o[rr] + d;
         if (dv - d >= W)
-            pv_quad_cols(jn, p, pp, v + d, ldv, od, alpha, valid, W, 1);
+            pv_rows_cols(jn, p, pp, v + d, ldv, od, alpha, W, 1, R);
         else
-            pv_quad_cols(jn, p, pp, v + d, ldv, od, alpha, valid, dv - d, 0);
+            pv_rows_cols(jn, p, pp, v + d, ldv, od, alpha, dv - d, 0, R);
+    }
+}
+
+/* The P.V of a dot pass's rows [rg, rg + valid), in the row groups of its scores. */
+static void pv_dot(pass *ps, int32_t rg, int valid, const float *v, int32_t js, int32_t jv)
+{
+    const int64_t ldv = ps->blk->v_stride;
+    for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r)) {
+        const float *p = ps->st + js * ps->rp + r;
+        const float *vs = v + js * ldv;
+        switch (dot_group(rg + valid, r)) {
+        case 4: pv_rows(jv - js, p, ps->rp, vs, ldv, ps->out + r, ps->alpha + r, ps->blk->dv, 4); break;
+        case 2: pv_rows(jv - js, p, ps->rp, vs, ldv, ps->out + r, ps->alpha + r, ps->blk->dv, 2); break;
+        default: pv_rows(jv - js, p, ps->rp, vs, ldv, ps->out + r, ps->alpha + r, ps->blk->dv, 1); break;
+        }
     }
 }
 
@@ -607,19 +629,12 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
                 pv_row_careful(ps, r, v, js, jv);
             continue;
         }
-        const float *p = ps->st + js * ps->rp + rg;
-        int32_t pp = ps->rp;
-        if (ps->dot) { /* rows past the pass repeat its last one (their P is 0) */
-            float *o4[4];
-            float alpha4[4];
-            for (int i = 0; i < 4; i++) {
-                const int32_t r = i < valid ? rg + i : ps->nr - 1;
-                o4[i] = ps->out[r];
-                alpha4[i] = ps->alpha[r];
-            }
-            pv_quad(jv - js, p, pp, v + js * ldv, ldv, o4, alpha4, valid, dh);
+        if (ps->dot) {
+            pv_dot(ps, rg, valid, v, js, jv);
             continue;
         }
+        const float *p = ps->st + js * ps->rp + rg;
+        int32_t pp = ps->rp;
         float *o[PV_ROWS];
         vf alpha[PV_ROWS];
         for (int i = 0; i < PV_ROWS; i++) { /* rows past the pass repeat its last one */
@@ -657,7 +672,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     const int32_t dk = blk->dk, dv = blk->dv;
     ps->blk = blk;
     ps->nr = nr;
-    ps->dot = nr <= DOT_ROWS && (int64_t)(nr + 3) / 4 * 4 * dk <= QT_FLOATS;
+    ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
     ps->rp = ps->dot ? (nr + VF_LANES - 1) / VF_LANES * VF_LANES
                      : (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
     ps->bias_shared = blk->bias != NULL;

@@ -1,0 +1,88 @@
+/* The SIMD layer of the shared kernels (kernels/simd/) for AArch64 NEON: 4 float
+ * lanes, 32 vector registers; a lane mask is a vector of all-ones or zero lanes. */
+#ifndef MHA_NEON_SIMD_H
+#define MHA_NEON_SIMD_H
+
+#include <arm_neon.h>
+#include <stdint.h>
+#include <string.h>
+
+#define VF_LANES 4
+#define VF_REGS 32
+typedef float32x4_t vf;
+typedef int32x4_t vi;
+typedef uint32x4_t vm;
+
+static inline vf vf_load(const float *p) { return vld1q_f32(p); }
+static inline vf vf_loadu(const float *p) { return vld1q_f32(p); }
+static inline void vf_store(float *p, vf x) { vst1q_f32(p, x); }
+static inline void vf_storeu(float *p, vf x) { vst1q_f32(p, x); }
+/* The cache line of p into L2. asm volatile: GCC treats helpers made only of
+   __builtin_prefetch as side-effect free and deletes their calls. */
+static inline void prefetch_l2(const void *p) { __asm__ volatile("prfm pldl2keep, %0" : : "Q"(*(const char *)p)); }
+static inline vf vf_set1(float x) { return vdupq_n_f32(x); }
+static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
+static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
+static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
+static inline vf vf_div(vf a, vf b) { return vdivq_f32(a, b); }
+/* max as x86's maxps: b when either is NaN, so that the shared code keeps
+   one NaN rule (a NaN score is caught where it is used, not by max). */
+static inline vf vf_max(vf a, vf b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+static inline vf vf_fmadd(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
+/* x rounded to an integer, ties to even. */
+static inline vf vf_round(vf x) { return vrndnq_f32(x); }
+/* 2^n for integral n in [-126, 127]: n + 127 in the exponent field. */
+static inline vf vf_pow2i(vf n)
+{
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+}
+
+/* The first n lanes (0 <= n <= 4), through a buffer: NEON has no masked
+   loads, and nothing past p + n may be touched. */
+static inline vf vf_loadu_n(const float *p, int32_t n)
+{
+    float buf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    memcpy(buf, p, (size_t)n * sizeof(float));
+    return vld1q_f32(buf);
+}
+static inline void vf_storeu_n(float *p, int32_t n, vf x)
+{
+    float buf[4];
+    vst1q_f32(buf, x);
+    memcpy(p, buf, (size_t)n * sizeof(float));
+}
+
+static inline vi vi_load(const int32_t *p) { return vld1q_s32(p); }
+static inline vm vi_gt(vi a, int32_t b) { return vcgtq_s32(a, vdupq_n_s32(b)); }
+static inline vm vf_eq(vf a, vf b) { return vceqq_f32(a, b); }
+static inline int vm_all(vm m) { return vminvq_u32(m) != 0; }
+static inline int vm_empty(vm m) { return vmaxvq_u32(m) == 0; }
+static inline vm vm_none(void) { return vdupq_n_u32(0); }
+static inline vm vm_or(vm a, vm b) { return vorrq_u32(a, b); }
+static inline vf vf_select(vm m, vf if_set, vf if_clear) { return vbslq_f32(m, if_set, if_clear); }
+static inline vm vm_andnot(vm a, vm b) { return vbicq_u32(a, b); } /* a and not b */
+static inline vm vf_lt(vf a, vf b) { return vcltq_f32(a, b); }
+static inline vf vf_abs(vf x) { return vabsq_f32(x); }
+/* |mag| with the sign of sgn, for mag >= 0. */
+static inline vf vf_copysign(vf mag, vf sgn) { return vbslq_f32(vdupq_n_u32(0x80000000u), sgn, mag); }
+
+/* 4x4 transpose of rows a[0..4) (in place). */
+static inline void vf_transpose(vf a[4])
+{
+    const float32x4_t t0 = vtrn1q_f32(a[0], a[1]), t1 = vtrn2q_f32(a[0], a[1]);
+    const float32x4_t t2 = vtrn1q_f32(a[2], a[3]), t3 = vtrn2q_f32(a[2], a[3]);
+    a[0] = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2)));
+    a[1] = vreinterpretq_f32_f64(vtrn1q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3)));
+    a[2] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t0), vreinterpretq_f64_f32(t2)));
+    a[3] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3)));
+}
+
+/* r lane i = the sum of a[i]'s 4 lanes, every lane summed in the same order
+ * ((l0 + l1) + (l2 + l3)): two rounds of pairwise adds. */
+static inline vf vf_reduce_lanes(const vf a[4])
+{
+    return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));
+}
+
+#endif
