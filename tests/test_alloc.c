@@ -4,7 +4,8 @@
  * a counter; it checks zero allocations during mha_layer_forward and
  * mha_layer_step with a workspace, on shapes that split the keys into chunks
  * and on shapes that do not, and that the counter sees the allocations of
- * the same calls without a workspace (so that it cannot pass by not counting). */
+ * the same calls without a workspace (so that it cannot pass by not counting);
+ * and that a workspace sized for fewer threads than run is refused. */
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -161,12 +162,62 @@ static void step_allocates_nothing(void **state)
     }
 }
 
+/* A workspace holds one attention scratch slot per thread that may run: both
+   workspace sizes grow from 1 thread to 2, and a workspace sized at 1 thread is
+   refused at 2 (MHA_ERR_ARG, out, cache and lens untouched), never shared by two
+   threads. A build without OpenMP runs one thread: nothing to check. */
+static void workspace_follows_threads(void **state)
+{
+    (void)state;
+#ifdef _OPENMP
+    rng r = {47};
+    const shape *s = &shapes[1];
+    const int32_t E = s->heads * s->head_dim, dv = s->v_head_dim;
+    const int32_t cap = s->seq_kv + 1;
+    test_layer t;
+    test_layer_init_v(&t, &r, s->heads, s->kv_heads, s->head_dim, dv, E, E, E, E, 1);
+    set_threads(1);
+    const size_t fwd1 = mha_layer_workspace_size(t.layer, s->batch, s->seq_q, s->seq_kv);
+    const size_t step1 = mha_layer_step_workspace_size(t.layer, s->batch, s->seq_q);
+    set_threads(2);
+    const size_t fwd2 = mha_layer_workspace_size(t.layer, s->batch, s->seq_q, s->seq_kv);
+    const size_t step2 = mha_layer_step_workspace_size(t.layer, s->batch, s->seq_q);
+    assert_true(fwd2 > fwd1 && step2 > step1);
+
+    float *x = rand_floats(&r, (int64_t)s->batch * s->seq_kv * E, -1, 1);
+    float *out = filled_floats((int64_t)s->batch * s->seq_q * E, 5.0f);
+    float *k = filled_floats((int64_t)cap * s->kv_heads * s->head_dim, 3.0f);
+    float *v = filled_floats((int64_t)cap * s->kv_heads * dv, 3.0f);
+    const mha_kv_cache cache = {.k = k, .v = v, .batch = 1, .kv_heads = s->kv_heads,
+                                .head_dim = s->head_dim, .capacity = cap,
+                                .stride_b = (int64_t)cap * s->kv_heads * s->head_dim,
+                                .stride_h = s->head_dim, .stride_s = (int64_t)s->kv_heads * s->head_dim,
+                                .v_head_dim = dv, .v_stride_b = (int64_t)cap * s->kv_heads * dv,
+                                .v_stride_h = dv, .v_stride_s = (int64_t)s->kv_heads * dv};
+    int32_t lens[1] = {s->seq_kv};
+    void *ws = malloc(fwd1 > step1 ? fwd1 : step1);
+    assert_int_equal(mha_layer_forward(t.layer, x, x, x, s->batch, s->seq_q, s->seq_kv, NULL, out,
+                                       ws, fwd1),
+                     MHA_ERR_ARG);
+    assert_int_equal(mha_layer_step(t.layer, x, s->seq_q, &cache, lens, NULL, out, ws, step1),
+                     MHA_ERR_ARG);
+    for (int64_t i = 0; i < (int64_t)s->batch * s->seq_q * E; i++)
+        assert_true(out[i] == 5.0f);
+    for (int64_t i = 0; i < (int64_t)cap * s->kv_heads * s->head_dim; i++)
+        assert_true(k[i] == 3.0f);
+    assert_int_equal(lens[0], s->seq_kv);
+    free(ws), free(x), free(out), free(k), free(v);
+    test_layer_free(&t);
+#endif
+}
+
 int main(void)
 {
     require_env_isa();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(forward_allocates_nothing),
         cmocka_unit_test(step_allocates_nothing),
+        cmocka_unit_test(workspace_follows_threads),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@
  * window, past the key lengths) holds NaN, so a result that reads one fails; rows
  * that see no key must be exact zeros (lse -INFINITY), sinks or not. Also: a window
  * covering the sequence against no window, sinks against their formula, bitwise
- * results on 1, 2, 3, 7 threads. MHA_TEST_QUICK=1 (valgrind) drops the largest shapes. */
+ * results on 1, 2, 3, 7 threads. MHA_TEST_QUICK=1 (valgrind) drops the largest shapes,
+ * keeping one split-KV shape of each API for every modifier. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -386,6 +387,7 @@ static const mha_attn_dims plain_shapes[] = {
     {2, 4, 1, 17, 145, 192, 128}, {2, 2, 1, 1, 129, 128, 0}, {1, 4, 4, 100, 200, 65, 7},
 };
 static const mha_attn_dims plain_split[] = {
+    {1, 2, 1, 1, 600, 16, 0}, /* two chunks, small enough for MHA_TEST_QUICK */
     {1, 2, 1, 3, 3000, 64, 32}, {1, 8, 2, 1, 2100, 128, 0}, {2, 4, 1, 1, 1000, 80, 96},
 };
 
@@ -560,6 +562,7 @@ static const shape cached_shapes[] = {
 };
 /* Few (b, kv head) pairs over long caches: keys cut into chunks, merged with the sink. */
 static const shape cached_split[] = {
+    {1, 2, 1, 16, 24, 600, 1, {600}}, /* two chunks, small enough for MHA_TEST_QUICK */
     {1, 8, 1, 128, 128, 5000, 1, {4900}}, {1, 4, 2, 64, 64, 4100, 1, {4099}},
     {1, 2, 1, 64, 96, 3000, 3, {2999}},   {2, 4, 1, 64, 64, 3000, 1, {2800, 700}},
     {1, 8, 1, 32, 32, 2000, 20, {1990}},

@@ -175,6 +175,75 @@ static void rule_row_by_row(void **state)
     free(bias);
 }
 
+/* The same rule on a split-KV shape (B=1, H=8, Hkv=1, one row per head against
+ * 4096 cached keys: the keys are cut into chunks whose partial results are
+ * merged), output and lse alike: a NaN or Inf that a head's row reads must
+ * survive the merge, and what is hidden from it (past lens, by a -INFINITY
+ * bias) must not reach it. */
+static void rule_on_split_kv(void **state)
+{
+    (void)state;
+    enum { H8 = 8, CAP = 4096, D3 = 16 };
+    const mha_kv_cache base = {.batch = 1, .kv_heads = 1, .head_dim = D3, .capacity = CAP,
+                               .stride_b = CAP * D3, .stride_h = CAP * D3, .stride_s = D3};
+    float *bias = filled_floats(H8 * CAP, 0.0f);
+    for (int h = 0; h < H8 / 2; h++)
+        bias[h * CAP + 3500] = -INFINITY; /* key 3500 hidden from heads 0-3 */
+    const mha_mask biased = {.bias = bias, .bias_stride_h = CAP};
+    struct {
+        const char *name;
+        char tensor;
+        int row, col;
+        float value;
+        int32_t len;
+        const mha_mask *mask;
+    } cases[] = {
+        {"NaN in q of head 0", 'q', 0, 3, NAN, CAP, NULL},
+        {"Inf in a visible key (k row 1000)", 'k', 1000, 5, INFINITY, CAP, NULL},
+        {"Inf in v row 2000, visible", 'v', 2000, 1, INFINITY, CAP, NULL},
+        {"NaN in v row 3500, hidden from heads 0-3", 'v', 3500, 0, NAN, CAP, &biased},
+        {"NaN in k and v past lens", 'k', 3900, 2, NAN, 3000, NULL},
+    };
+    rng r = {55};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        float *q = rand_floats(&r, H8 * D3, -1, 1), *k = rand_floats(&r, CAP * D3, -1, 1);
+        float *v = rand_floats(&r, CAP * D3, -1, 1), *out = malloc(sizeof(float) * H8 * D3);
+        float lse[H8];
+        double want[H8 * D3], want_lse[H8];
+        float *t = cases[c].tensor == 'q' ? q : cases[c].tensor == 'k' ? k : v;
+        t[cases[c].row * D3 + cases[c].col] = cases[c].value;
+        if (cases[c].len < CAP)
+            v[cases[c].row * D3] = NAN;
+        mha_kv_cache cache = base;
+        cache.k = k, cache.v = v;
+        const int32_t lens[1] = {cases[c].len};
+        assert_int_equal(mha_attention_cached(&cache, lens, q, H8, 1, 0.25f, cases[c].mask, out,
+                                              MHA_LAYOUT_BHSD, lse),
+                         MHA_OK);
+        ref_attention_cached(&cache, lens, q, H8, 1, 0.25, cases[c].mask, want, MHA_LAYOUT_BHSD,
+                             want_lse);
+        char heads[H8 + 1] = {0};
+        for (int h = 0; h < H8; h++) {
+            char row = 'f';
+            for (int e = 0; e < D3; e++) {
+                const int x = h * D3 + e;
+                if (cls(out[x]) != cls(want[x]))
+                    fail_msg("%s: head %d element %d is %g, the rule gives %g", cases[c].name,
+                             h, e, out[x], want[x]);
+                row = cls(out[x]) == 'n' || row == 'n' ? 'n' : cls(out[x]) == 'i' ? 'i' : row;
+            }
+            if (cls(lse[h]) != cls(want_lse[h]))
+                fail_msg("%s: lse of head %d is %g, the rule gives %g", cases[c].name, h,
+                         lse[h], want_lse[h]);
+            heads[h] = row;
+        }
+        assert_true(tol_ratio(out, want, H8 * D3, TOL_REF) <= 1.0);
+        print_message("%-48s heads: %s\n", cases[c].name, heads);
+        free(q), free(k), free(v), free(out);
+    }
+    free(bias);
+}
+
 int main(void)
 {
     require_env_isa();
@@ -183,6 +252,7 @@ int main(void)
         cmocka_unit_test(hidden_keys_never_read),
         cmocka_unit_test(masking_creates_no_nan),
         cmocka_unit_test(rule_row_by_row),
+        cmocka_unit_test(rule_on_split_kv),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }
