@@ -137,9 +137,11 @@ typedef struct mha_mask {
 typedef enum mha_layout { MHA_LAYOUT_BHSD = 0, MHA_LAYOUT_BSHD = 1 } mha_layout;
 
 /* Kernel 2: in-place head transpose. x is [B][S][H][dh] -> [B][H][S][dh] (split)
-   or back (merge). Scratch per thread is S*H bits plus at most one 256 KiB tile,
-   never a copy of the tensor: MHA_ERR_NOMEM if even that cannot be had, with x
-   untouched. */
+   or back (merge). Scratch, taken before anything moves, is never a copy of the
+   tensor: per batch, two bitmaps of S*H bits, the saved starts of long cycles (at
+   most 2/256 of the batch) and a queue of work units, shared by the threads, plus
+   one 256 KiB tile or one element per thread; MHA_ERR_NOMEM if that cannot be
+   had, with x untouched. */
 MHA_API mha_status mha_heads_split(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
 MHA_API mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t heads, int32_t head_dim);
 

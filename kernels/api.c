@@ -21,7 +21,7 @@ const char *mha_status_str(mha_status s)
     case MHA_ERR_SHAPE:
         return "invalid shape (dimension <= 0, heads not dividing, or size overflow)";
     case MHA_ERR_MASK:
-        return "invalid mask (length outside [0, seq_kv] or negative stride)";
+        return "invalid mask (a length outside its range, a negative stride, or a field out of range)";
     case MHA_ERR_UNSUPPORTED:
         return "ISA not built into this library or not supported by this CPU";
     case MHA_ERR_NOMEM:

@@ -60,7 +60,7 @@ typedef struct gemm_call {
     const float *a;
     int64_t lda;
     const mha_gemm_seg *segs;
-    int64_t panel_start[4]; /* panel_start[s]: the first panel of segment s */
+    int64_t panel_start[MHA_GEMM_SEGS_MAX + 1]; /* panel_start[s]: the first panel of segment s */
 } gemm_call;
 
 /* Work item: about mc rows of A times `group` panels of W. */
@@ -98,7 +98,7 @@ static void gemm_item(void *arg, int64_t item)
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs)
 {
-    if (m <= 0)
+    if (m <= 0 || nsegs < 1 || nsegs > MHA_GEMM_SEGS_MAX)
         return;
     const int32_t mr = kt->gemm_mr, nr = kt->gemm_nr;
     gemm_call c = {.kt = kt, .m = m, .k = k, .a = a, .lda = lda, .segs = segs};

@@ -56,7 +56,8 @@ static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
  * dk, dv: the driver cuts blocks from the call's shapes alone), never on the
  * other rows' data, so that the thread count never changes a bit of the output.
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
- * the calling thread's alone: kernels keep their tiles there, not on the stack. */
+ * the calling thread's alone: kernels keep their tiles and per-row state there;
+ * the stack holds only registers' worth of vectors. */
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
@@ -195,7 +196,9 @@ typedef struct mha_gemm_seg {
 } mha_gemm_seg;
 
 /* drive_gemm.c: C = A W^T + bias for every segment, A being m x k with row stride
- * lda; one parallel loop over the tiles of all segments. */
+ * lda; one parallel loop over the tiles of all segments (1 <= nsegs <=
+ * MHA_GEMM_SEGS_MAX: Q, K and V). */
+#define MHA_GEMM_SEGS_MAX 3
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs);
 
@@ -237,8 +240,10 @@ typedef struct mha_attn_plan {
 mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, void *arena,
                                  size_t arena_bytes, mha_attn_plan *p);
 /* An arena size that serves every available ISA and any lens for a call of these
- * sizes: partial results of split keys plus one scratch slot per thread of the
- * current thread count (with more threads later, some wait for a slot). */
+ * sizes: partial results of split keys plus one scratch slot per item that may run
+ * at once (mha_parallel_width, at the time of asking). The layer calls compute
+ * their workspace size again at each call, so a workspace sized before the thread
+ * count rose is refused (MHA_ERR_ARG), never shared by more threads than slots. */
 size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads, int32_t seq_q,
                                  int32_t dv);
 void mha_attention_exec(mha_attn_plan *p);
