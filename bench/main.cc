@@ -45,7 +45,8 @@
 //
 // Own flags (the rest go to Google Benchmark):
 //   --quick            a few small shapes and short runs, for CI smoke tests
-//   --shapes-json      print the shapes of this mode as JSON (read by peers.py)
+//   --shapes-json      print the shapes of this mode as JSON, with the work (FLOP or
+//                      bytes) of a call of each family (read by peers.py, report.py)
 //   --shapes=A,B,...   only the shapes of these names (kShapes), quick or not
 //   --openblas-core    print the core OpenBLAS chose (openblas_get_corename;
 //                      nothing without OpenBLAS): tools/bench.sh sets
@@ -231,6 +232,12 @@ double case_flops(const Case &c, bool ref)
         keys += windowed ? std::min(seen, (double)c.value) : seen;
     }
     return 4.0 * c.batch * c.heads * c.head_dim * keys;
+}
+
+// What a case's rate counts per call: K and V bytes for decode, FLOP otherwise.
+double case_work(const Case &c, bool ref)
+{
+    return c.family == DECODE ? kv_bytes(c) : case_flops(c, ref);
 }
 
 // Bytes that an in-place split of the [B][S][H][dh] tensor reads plus writes.
@@ -707,7 +714,17 @@ void print_shapes_json(bool quick)
                 std::printf("%s\"%s\"", sep, kFamilyNames[f]);
                 sep = ", ";
             }
-        std::printf("]}");
+        // The work of a call of each family, report.py's only FLOP and byte counts.
+        const double work[4] = {qkv_flops(s), attention_flops(s), transpose_bytes(s),
+                                layer_flops(s)};
+        std::printf("], \"work\": {");
+        sep = "";
+        for (int f = 0; f < 4; f++)
+            if (s.runs & (1u << f)) {
+                std::printf("%s\"%s\": %.17g", sep, kFamilyNames[f], work[f]);
+                sep = ", ";
+            }
+        std::printf("}}");
         first = false;
     }
     for (const Case &c : kCases) {
@@ -716,10 +733,12 @@ void print_shapes_json(bool quick)
         std::printf("%s  {\"name\": \"%s\", \"group\": \"%s\", \"batch\": %d, \"seq\": %d, "
                     "\"seq_q\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
                     "\"causal\": true, \"modifier\": \"%s\", \"value\": %g, "
-                    "\"reference\": \"%s\", \"target\": %g, \"families\": [\"%s\"]}",
+                    "\"reference\": \"%s\", \"target\": %g, \"families\": [\"%s\"], "
+                    "\"work\": %.17g, \"ref_work\": %.17g}",
                     first ? "" : ",\n", c.name, c.group, c.batch, c.seq_kv, c.seq_q, c.heads,
                     c.kv_heads, c.head_dim, kModifierNames[c.modifier], c.value,
-                    kReferenceNames[c.ref], c.target, family_name(c.family));
+                    kReferenceNames[c.ref], c.target, family_name(c.family), case_work(c, false),
+                    case_work(c, true));
         first = false;
     }
     std::printf("\n]\n");

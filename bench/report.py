@@ -17,7 +17,8 @@ Writes to --out-dir:
   layer_seq.png   the whole layer, same shapes
   layer.png       bar chart of the BERT-base layer (B = 1, 8, 32; S = 128)
 
-GFLOP/s come from seconds per call and the FLOP counts of bench/main.cc:
+GFLOP/s come from seconds per call and the work of a call that `mha-bench
+--shapes-json` writes into shapes.json (bench/main.cc counts it, nothing here):
   GEMM 2*M*N*K; attention 4*B*H*Sq*Skv*dh, halved when causal; the layer is the
   QKV projection + attention + output projection. The transpose moves 2 * tensor
   bytes per call (read once, written once), as memcpy's bandwidth is counted.
@@ -79,33 +80,12 @@ REFERENCES = {
 }
 
 
-def case_work(family, s, ref):
-    """K and V bytes per decode call; FLOP per prefill or modifier call (of its
-    reference when ref), as case_flops and kv_bytes of bench/main.cc."""
-    b, n, h, hkv, dh = s["batch"], s["seq"], s["heads"], s["kv_heads"], s["head_dim"]
-    if family == "decode":
-        return 2.0 * b * hkv * n * dh * 4
-    sq = n if ref and s["reference"] == "full" else s["seq_q"]
-    window = s["value"] if s["modifier"] == "window" and not ref else n
-    # Row i sits at position n - sq + i and sees min(that + 1, window) keys.
-    seen = sum(min(n - sq + i + 1, window) for i in range(sq))
-    return 4.0 * b * h * dh * seen
-
-
 def work(family, s, impl=""):
-    """FLOP per call (bytes per call for the transpose and decode), as in bench/main.cc."""
+    """FLOP per call (bytes per call for the transpose and decode): what mha-bench
+    --shapes-json wrote; a case's -ref rows do the work of its reference."""
     if family in CACHED:
-        return case_work(family, s, impl.endswith("-ref"))
-    b, n, h, hkv, dh = s["batch"], s["seq"], s["heads"], s["kv_heads"], s["head_dim"]
-    e, m = h * dh, b * n
-    qkv = 2.0 * m * (h + 2 * hkv) * dh * e
-    attention = 4.0 * b * h * n * n * dh / (2 if s["causal"] else 1)
-    return {
-        "qkv": qkv,
-        "attention": attention,
-        "layer": qkv + attention + 2.0 * m * e * e,
-        "transpose": 2.0 * m * e * 4,
-    }[family]
+        return s["ref_work"] if impl.endswith("-ref") else s["work"]
+    return s["work"][family]
 
 
 def load_bench(paths):
@@ -303,7 +283,7 @@ def case_text(family, s, info):
     n, sq = s["seq"], s["seq_q"]
     heads = f"H={h}" + (f" Hkv={hkv}" if hkv != h else "") + f" dh={dh}"
     if family == "decode":
-        kv, l3 = case_work(family, s, False), info["l3_bytes"]
+        kv, l3 = work(family, s), info["l3_bytes"]
         where = "" if not l3 else ", fits in L3" if kv <= l3 else ", beyond L3"
         return f"B={b} Skv={n} {heads}, K+V {mib(kv)}{where}"
     if family == "prefill":

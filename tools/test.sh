@@ -13,13 +13,23 @@
 #  - the benchmark harness in --quick mode (it must run; timings are not judged);
 #  - the NEON build cross-compiled for AArch64, its whole suite under qemu, and
 #    its outputs on fixed inputs against the x86 scalar reference.
-# Ends with one line "N passed, M failed, K skipped" over all of them.
+# Ends with the wall time of each stage and one line "N passed, M failed, K
+# skipped" over all of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bash tools/setup.sh --all
 
 passed=0 failed=0 skipped=0 runs=0
+# stage NAME: prints the stage's header and starts its clock; the end prints each
+# stage's wall time.
+stage_names=() stage_starts=()
+stage() {
+  echo "== $1"
+  stage_names+=("$1") stage_starts+=("$(date +%s)")
+}
+
+stage "setup: what is missing, from Debian's packages"
+bash tools/setup.sh --all
 # Runs `meson test` in build dir $1 with the rest as arguments, and adds its
 # results to the totals; a failure is counted, not fatal, so every part runs.
 run_suite() {
@@ -60,20 +70,20 @@ build() {
   rm -f "$log"
 }
 
-echo "== native build (warnings as errors)"
+stage "native build (warnings as errors)"
 native=build-test
 build "$native" -Dwerror=true
 run_suite "$native"
 
-echo "== README example, install and pkg-config"
-stage=$(mktemp -d)
-DESTDIR="$stage" meson install -C "$native" --quiet
+stage "README example, install and pkg-config"
+staging=$(mktemp -d)
+DESTDIR="$staging" meson install -C "$native" --quiet
 prefix=$(meson introspect "$native" --buildoptions | /usr/bin/python3 -c \
   'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "prefix"))')
-pc_dir=$(dirname "$(find "$stage" -name mha.pc | head -n 1)")
+pc_dir=$(dirname "$(find "$staging" -name mha.pc | head -n 1)")
 # Every complete C program of the README (a block with main) must build against the
 # installed library and run.
-n_examples=$(/usr/bin/python3 - README.md "$stage/example" <<'PY'
+n_examples=$(/usr/bin/python3 - README.md "$staging/example" <<'PY'
 import re, sys
 blocks = [b for b in re.findall(r"```c\n(.*?)```", open(sys.argv[1]).read(), re.S) if "int main(" in b]
 for i, b in enumerate(blocks):
@@ -82,25 +92,25 @@ print(len(blocks))
 PY
 )
 for i in $(seq 0 $((n_examples - 1))); do
-  if PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" \
-     cc -std=c11 -Wall -Werror "$stage/example$i.c" -o "$stage/example$i" \
-       $(PKG_CONFIG_SYSROOT_DIR="$stage" PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs --static mha) -lm &&
-     LD_LIBRARY_PATH="$stage$prefix/lib:$stage$prefix/lib/x86_64-linux-gnu" "$stage/example$i"; then
+  if PKG_CONFIG_SYSROOT_DIR="$staging" PKG_CONFIG_PATH="$pc_dir" \
+     cc -std=c11 -Wall -Werror "$staging/example$i.c" -o "$staging/example$i" \
+       $(PKG_CONFIG_SYSROOT_DIR="$staging" PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs --static mha) -lm &&
+     LD_LIBRARY_PATH="$staging$prefix/lib:$staging$prefix/lib/x86_64-linux-gnu" "$staging/example$i"; then
     echo "README example $i: ok"; passed=$((passed + 1))
   else
     echo "README example $i: FAILED"; failed=$((failed + 1))
   fi
 done
-if cmake -S tests/cmake -B "$stage/cmake" -DCMAKE_PREFIX_PATH="$stage$prefix" >"$stage/cmake.log" 2>&1 &&
-   cmake --build "$stage/cmake" >>"$stage/cmake.log" 2>&1 && "$stage/cmake/app"; then
+if cmake -S tests/cmake -B "$staging/cmake" -DCMAKE_PREFIX_PATH="$staging$prefix" >"$staging/cmake.log" 2>&1 &&
+   cmake --build "$staging/cmake" >>"$staging/cmake.log" 2>&1 && "$staging/cmake/app"; then
   echo "CMake find_package(mha) and mha::mha: ok"; passed=$((passed + 1))
 else
-  cat "$stage/cmake.log"
+  cat "$staging/cmake.log"
   echo "CMake find_package(mha) and mha::mha: FAILED"; failed=$((failed + 1))
 fi
-rm -rf "$stage"
+rm -rf "$staging"
 
-echo "== Python package: pip install ., pytest, the README's Python example"
+stage "Python package: pip install ., pytest, the README's Python example"
 # The venv sees Debian's numpy, torch and pytest (with xdist and timeout); meson-python and ninja come from
 # PyPI. A fixed build dir keeps rebuilds incremental.
 venv=build-py/venv
@@ -141,7 +151,7 @@ else
   echo "pip install .: FAILED"; failed=$((failed + 1))
 fi
 
-echo "== libmha as a Meson subproject"
+stage "libmha as a Meson subproject"
 parent=$(mktemp -d)
 mkdir -p "$parent/subprojects"
 ln -s "$root" "$parent/subprojects/mha"
@@ -162,33 +172,33 @@ else
 fi
 rm -rf "$parent"
 
-echo "== without OpenMP"
+stage "without OpenMP"
 build build-noomp -Dwerror=true -Dopenmp=disabled
 run_suite build-noomp --no-suite interop --no-suite validate
 
-echo "== ASan + UBSan"
+stage "ASan + UBSan"
 build build-asan -Dwerror=true -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --no-suite interop
 
-echo "== UBSan at -O0"
+stage "UBSan at -O0"
 # At -O0 every operation is kept, so UBSan also sees those the optimizer folds
 # away (an int32 product formed before its check); sweeps thinned with MHA_TEST_QUICK.
 build build-ubsan-O0 -Dwerror=true -Dbuildtype=debug -Db_sanitize=undefined
 MHA_TEST_QUICK=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   run_suite build-ubsan-O0 --no-suite interop --no-suite validate
 
-echo "== valgrind memcheck"
+stage "valgrind memcheck"
 MHA_TEST_QUICK=1 run_suite "$native" --no-suite interop --no-suite validate \
   --wrapper "valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite"
 
-echo "== libFuzzer, ${MHA_FUZZ_SECONDS:-60} s"
+stage "libFuzzer, ${MHA_FUZZ_SECONDS:-60} s"
 if bash tools/fuzz.sh "${MHA_FUZZ_SECONDS:-60}"; then
   passed=$((passed + 1))
 else
   echo "fuzzing: FAILED"; failed=$((failed + 1))
 fi
 
-echo "== benchmark harness smoke test (tools/bench.sh --quick, no thresholds)"
+stage "benchmark harness smoke test (tools/bench.sh --quick, no thresholds)"
 mkdir -p build-bench
 if bash tools/bench.sh --quick --out build-bench/quick >build-bench/quick.log 2>&1; then
   echo "bench --quick: ok"; passed=$((passed + 1))
@@ -198,7 +208,7 @@ else
 fi
 
 if [ -f tools/cross-test.sh ]; then
-  echo "== NEON build for AArch64 under qemu"
+  stage "NEON build for AArch64 under qemu"
   bash tools/cross-test.sh build-aarch64 && cross_rc=0 || cross_rc=$?
   for log in build-aarch64/meson-logs/testlog-*.json; do
     [ -f "$log" ] || continue
@@ -210,7 +220,7 @@ print(sum(r == "OK" for r in rs), sum(r not in ("OK", "SKIP", "EXPECTEDFAIL") fo
   done
   [ "$cross_rc" -ne 0 ] && failed=$((failed + 1))
 
-  echo "== NEON under qemu against the x86 scalar reference, fixed inputs"
+  stage "NEON under qemu against the x86 scalar reference, fixed inputs"
   MHA_ISA=scalar "$native/tools/mha-dump" >build-aarch64/x86-scalar.bin
   if MHA_ISA=neon qemu-aarch64 build-aarch64/tools/mha-dump >build-aarch64/neon.bin &&
      /usr/bin/python3 tools/compare_dumps.py build-aarch64/x86-scalar.bin build-aarch64/neon.bin; then
@@ -220,6 +230,13 @@ print(sum(r == "OK" for r in rs), sum(r not in ("OK", "SKIP", "EXPECTEDFAIL") fo
   fi
 fi
 
+end=$(date +%s)
 echo
+echo "time per stage (s):"
+for i in "${!stage_names[@]}"; do
+  next=${stage_starts[$((i + 1))]:-$end}
+  printf '  %5d  %s\n' $((next - stage_starts[i])) "${stage_names[i]}"
+done
+printf '  %5d  total\n' $((end - stage_starts[0]))
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
