@@ -284,17 +284,27 @@ static int32_t dot_group(int32_t nr, int32_t r)
 }
 
 /* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
- * the key jt - 1, and are not stored) and R rows from r0. */
+ * the key jt - 1, and are not stored) and R rows from r0. With pf, keys [pf,
+ * pf + DOT_SCORES) are asked for ahead, a sub-step's worth at a time: their K rows
+ * before its dot products and their V rows after them, so that the requests stay
+ * spread while the FMAs run (a burst would stall on the fill buffers). */
 static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0, int32_t j,
                                                            int32_t jt, const float *const *k,
-                                                           const int R)
+                                                           int64_t pf, const int R)
 {
     const int KS = DOT_SCORES / R;
-    const int32_t dk = ps->blk->dk;
+    const mha_attn_block *blk = ps->blk;
+    const int32_t dk = blk->dk;
 #pragma GCC unroll 4
     for (int sub = 0; sub < R; sub++) {
+        const int64_t p0 = pf + sub * KS < ps->jmax ? pf + sub * KS : ps->jmax;
+        const int64_t p1 = p0 + KS < ps->jmax ? p0 + KS : ps->jmax;
+        if (pf >= 0)
+            prefetch_rows(blk->k, blk->k_stride, dk, p0, p1);
         float s[DOT_SCORES];
         dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R);
+        if (pf >= 0)
+            prefetch_rows(blk->v, blk->v_stride, blk->dv, p0, p1);
         for (int kk = 0; kk < KS && j + sub * KS + kk < jt; kk++)
             for (int rr = 0; rr < R; rr++)
                 ps->st[(j + sub * KS + kk) * ps->rp + r0 + rr] = s[kk * R + rr];
@@ -302,11 +312,12 @@ static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0,
 }
 
 /* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_SCORES keys per
- * step for every row group. Keys no row sees are not read (-inf). */
+ * step for every row group; while K and V stream, the first group asks for the
+ * keys one tile ahead. Keys no row sees are not read (-inf). */
 static void scores_dot(pass *ps, int32_t j0, int32_t jn)
 {
     const mha_attn_block *blk = ps->blk;
-    const int32_t dk = blk->dk, nr = ps->nr;
+    const int32_t nr = ps->nr;
     const int32_t jf = keys_from(ps->all, j0), jt = keys_to(ps->all, j0, jn);
     for (int32_t j = 0; j < jn; j++)
         if (j < jf || j >= jt)
@@ -316,18 +327,13 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
         const float *k[DOT_SCORES];
         for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
             k[kk] = blk->k + (int64_t)(j0 + (j + kk < jt ? j + kk : jt - 1)) * blk->k_stride;
-        const int64_t pf0 = j0 + j + BC < ps->jmax ? j0 + j + BC : ps->jmax;
-        const int64_t pf1 = pf0 + DOT_SCORES < ps->jmax ? pf0 + DOT_SCORES : ps->jmax;
-        if (ps->stream) /* K rows now, V rows after the first dot products */
-            prefetch_rows(blk->k, blk->k_stride, dk, pf0, pf1);
         for (int32_t r = 0; r < nr; r += dot_group(nr, r)) {
+            const int64_t pf = ps->stream && r == 0 ? j0 + j + BC : -1;
             switch (dot_group(nr, r)) {
-            case 4: dot_step(ps, r, j, jt, k, 4); break;
-            case 2: dot_step(ps, r, j, jt, k, 2); break;
-            default: dot_step(ps, r, j, jt, k, 1); break;
+            case 4: dot_step(ps, r, j, jt, k, pf, 4); break;
+            case 2: dot_step(ps, r, j, jt, k, pf, 2); break;
+            default: dot_step(ps, r, j, jt, k, pf, 1); break;
             }
-            if (ps->stream && r == 0)
-                prefetch_rows(blk->v, blk->v_stride, blk->dv, pf0, pf1);
         }
     }
 }
