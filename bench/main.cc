@@ -382,7 +382,7 @@ void bm_attention(benchmark::State &state, const Shape *s, mha_isa isa)
     if (!force(state, isa))
         return;
     ShapeData &d = shape_data(*s);
-    const mha_attn_dims dims = {s->batch, s->heads, s->kv_heads, s->seq, s->seq, s->head_dim, 0};
+    const mha_attn_dims dims = {s->batch, s->heads, s->kv_heads, s->seq, s->seq, s->head_dim, 0, MHA_F32};
     mha_mask mask = {};
     mask.causal = s->causal;
     std::vector<float> out(d.q.size());
@@ -508,7 +508,7 @@ mha_status case_call(const Case &c, CaseData &d, bool ref, std::vector<float> &o
     }
     if (c.family == MODIFIER || ref) {
         const int32_t sq = c.ref == REF_FULL ? c.seq_kv : c.seq_q;
-        const mha_attn_dims dims = {c.batch, c.heads, c.kv_heads, sq, c.seq_kv, c.head_dim, 0};
+        const mha_attn_dims dims = {c.batch, c.heads, c.kv_heads, sq, c.seq_kv, c.head_dim, 0, MHA_F32};
         return mha_attention(&dims, (c.ref == REF_FULL ? d.q_full : d.q).data(), d.k.data(),
                              d.v.data(), scale, &mask, out.data(), MHA_LAYOUT_BHSD);
     }

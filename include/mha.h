@@ -8,9 +8,10 @@
  *   Y = merge_heads(O) Wo^T + bo
  *
  * Conventions: sizes are int32_t element counts, tensors are dense row-major
- * float, pointers are the caller's and are not kept after a call returns
- * (except by mha_layer, which owns a packed copy of its weights). Outputs must
- * not overlap inputs unless a function says it works in place.
+ * float unless a call takes strides (mha_strides, the cache's strides) or an
+ * element type (mha_dtype), pointers are the caller's and are not kept after a
+ * call returns (except by mha_layer, which owns a packed copy of its weights).
+ * Outputs must not overlap inputs unless a function says it works in place.
  *
  * Errors: every entry point checks all of its arguments before writing
  * anything; on error it returns a status and leaves every output untouched.
@@ -34,6 +35,10 @@
  * inputs, weights ~ 1/sqrt(in)), every SIMD ISA matches the scalar reference
  * within |a - r| <= 1e-5 + 1e-5 |r| element-wise, and the scalar reference
  * matches a float64 evaluation of the PyTorch modules within 2e-5 + 2e-5 |r|.
+ * Over a 16-bit or q8_0 cache, with f32 q and out, the same tolerances hold
+ * against a float64 evaluation over the values the cache holds; with 16-bit
+ * activations, each result is within one unit in the last place of its type,
+ * plus those tolerances, of a float64 evaluation over the same inputs.
  *
  * Threads: parallel loops use OpenMP and honour omp_set_num_threads and
  * OMP_NUM_THREADS, or the caller's thread pool (mha_set_parallel_for). Results
@@ -95,10 +100,32 @@ MHA_API const char *mha_isa_name(mha_isa isa);
 MHA_API int mha_isa_count(void);
 /* Environment: MHA_ISA=<name> forces the ISA at first use; an unknown or unavailable
    name is ignored (the default stays) and reported by tools, never aborts. avx2 needs
-   AVX2 and FMA with an OS that saves YMM state (XCR0 bits 1, 2); avx512 needs AVX-512 F,
-   BW, DQ and VL plus FMA, with an OS that saves the opmask and ZMM state (XCR0 bits 1, 2,
-   5, 6, 7). The CPU's features are read once, at the first call that needs them. The
+   AVX2, FMA and F16C with an OS that saves YMM state (XCR0 bits 1, 2); avx512 needs
+   AVX-512 F, BW, DQ and VL plus FMA and F16C, with an OS that saves the opmask and ZMM
+   state (XCR0 bits 1, 2, 5, 6, 7). The CPU's features are read once, at the first call that needs them. The
    default is the fastest ISA the CPU has. */
+
+/* Element types of caches and activations; new values are only ever appended. */
+typedef enum mha_dtype {
+    MHA_F32 = 0,
+    MHA_F16 = 1,  /* IEEE 754 binary16 */
+    MHA_BF16 = 2, /* bfloat16: the upper 16 bits of a binary32 */
+    MHA_Q8_0 = 3, /* caches only: blocks of 32 values, each struct { uint16_t d; int8_t
+                     qs[32]; } (34 bytes, ggml's block_q8_0, d a binary16 scale); value i
+                     of a block is d * qs[i] */
+} mha_dtype;
+/* "f32", "f16", "bf16", "q8_0"; "unknown" for any other value. */
+MHA_API const char *mha_dtype_name(mha_dtype t);
+/* Conversions, bit for bit the same on every ISA. To f16 and bf16: round to nearest,
+   ties to even; NaN stays a quiet NaN (sign and the leading payload bits kept); f16
+   overflow gives +-Inf; subnormals are kept. To q8_0, per block x[0..31] (ggml's
+   reference quantizer, so that a cache written by libmha and one written by ggml hold
+   the same bytes): amax = max |x_i|, d = amax / 127, id = d != 0 ? 1/d : 0, qs_i =
+   roundf(x_i * id) (halves away from zero), stored d is d rounded to f16; a block
+   holding a NaN or Inf stores a NaN scale and zeros, so that all its values read
+   back as NaN. From f16, bf16 and q8_0 to f32 is exact. Attention reads a cache's
+   values exactly, computes scores, softmax and P.V in f32, and rounds its output once
+   to the output's type. */
 
 /* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
    returns when all have finished. */
@@ -126,13 +153,19 @@ typedef struct mha_mask {
     const float *alibi_slopes;     /* NULL or [H]: adds slopes[h] * (j - p(i)) to the score */
     const float *sinks;            /* NULL or [H]: a virtual key per head with score sinks[h]
                                       and a zero value, in every row's softmax denominator */
+    const int32_t *key_starts;     /* NULL or [B]: keys j < key_starts[b] are masked (left
+                                      padding); values in [0, seq_kv] (cache: [0, capacity]) */
+    const int32_t *q_offsets;      /* NULL or [B]: row i of sequence b sits at position
+                                      p(i) = q_offsets[b] + i, for causal, window and ALiBi,
+                                      instead of the default bottom-right p(i); 0 gives
+                                      PyTorch's top-left is_causal. Any int32 value */
 } mha_mask;
 /* The score of row i and key j: s = scale * q_i . k_j, then softcap, then + bias +
    ALiBi; masked keys (lengths, causal, window, -INFINITY bias) get weight exactly 0.
    A sink is not a key: a row whose every key is masked gets zeros, sink or not.
-   Every field may be combined with the others. Lengths must lie in [0, seq_kv],
-   strides must be >= 0, window >= 0 and softcap finite and >= 0, else MHA_ERR_MASK.
-   A NULL mha_mask pointer means no mask. */
+   Every field may be combined with the others. Lengths and starts must lie in
+   [0, seq_kv], strides must be >= 0, window >= 0 and softcap finite and >= 0, else
+   MHA_ERR_MASK. A NULL mha_mask pointer means no mask. */
 
 typedef enum mha_layout { MHA_LAYOUT_BHSD = 0, MHA_LAYOUT_BSHD = 1 } mha_layout;
 
@@ -157,36 +190,79 @@ typedef struct mha_attn_dims {
     int32_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;
     int32_t v_head_dim; /* 0 means head_dim; else v is [B][Hkv][Skv][v_head_dim] and out has
                            v_head_dim per head (MLA-style models: qk 192 / v 128) */
+    mha_dtype dtype;    /* type of q, k, v and out: 0 (MHA_F32), MHA_F16 or MHA_BF16; any
+                           other value is MHA_ERR_ARG. For 16-bit types the float pointers
+                           of mha_attention point at 16-bit elements (cast them) */
 } mha_attn_dims;
 MHA_API mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float *k,
                                  const float *v, float scale, const mha_mask *mask, float *out,
                                  mha_layout out_layout);
 
+/* Strides, in elements, of a [B][H][S][d] tensor whose last dimension is contiguous:
+   element (b, h, s, i) is at base + b*b + h*h + s*s + i. Strides are >= 0 (else
+   MHA_ERR_ARG); a [B][S][H][d] tensor viewed as [B][H][S][d] is {S*H*d, d, H*d}. */
+typedef struct mha_strides {
+    int64_t b, h, s;
+} mha_strides;
+
+/* mha_attention over strided tensors of dims->dtype, with lse (NULL, or [B][H][Sq] as
+   in mha_attention_cached). NULL strides mean dense [B][H][S][d]. out must not
+   overlap q, k or v. mha_attention is this call with dense q, k, v and out in
+   out_layout. */
+MHA_API mha_status mha_attention_strided(const mha_attn_dims *dims,
+                                         const void *q, const mha_strides *q_strides,
+                                         const void *k, const mha_strides *k_strides,
+                                         const void *v, const mha_strides *v_strides,
+                                         float scale, const mha_mask *mask,
+                                         void *out, const mha_strides *out_strides, float *lse);
+
 /* A KV cache the caller owns. For sequence b < batch, kv head g and row j < capacity,
-   the K row (head_dim contiguous floats) is at k + b*stride_b + g*stride_h + j*stride_s,
-   and the V row (v_head_dim floats) at v + b*v_stride_b + g*v_stride_h + j*v_stride_s.
-   Strides are in floats and >= 0 (else MHA_ERR_ARG). v_head_dim 0 means head_dim; V
-   strides all 0 mean K's strides. [B][Hkv][cap][dh] and [B][cap][Hkv][dh] are both such layouts, and so
-   is an MLA latent cache where V is the first v_head_dim floats of each K row
-   (v == k, same strides). The library reads the cache in place, never copies it. */
+   the K row (head_dim contiguous elements of dtype) is at k + b*stride_b + g*stride_h +
+   j*stride_s, and the V row (v_head_dim elements) at v + b*v_stride_b + g*v_stride_h +
+   j*v_stride_s. Strides count elements of dtype (32-value blocks for MHA_Q8_0) and are
+   >= 0 (else MHA_ERR_ARG). v_head_dim 0 means head_dim; V strides all 0 mean K's
+   strides. [B][Hkv][cap][dh] and [B][cap][Hkv][dh] are both such layouts, and so is an
+   MLA latent cache where V is the first v_head_dim elements of each K row (v == k, same
+   strides). The library reads the cache in place, never copies it.
+   Paged: with a block_table, row j of sequence b lives in pool block blk =
+   block_table[b * max_blocks + j / block_size], at row j % block_size: its K row at k +
+   blk*stride_b + g*stride_h + (j % block_size)*stride_s (V alike with its strides);
+   stride_b is then the pool's block stride. */
 typedef struct mha_kv_cache {
-    float *k, *v;
+    void *k, *v; /* the cache's own type (dtype) */
     int32_t batch, kv_heads, head_dim, capacity;
     int64_t stride_b, stride_h, stride_s;
     int32_t v_head_dim;
     int64_t v_stride_b, v_stride_h, v_stride_s;
+    mha_dtype dtype;    /* type of the cached rows: 0 (MHA_F32), MHA_F16, MHA_BF16, MHA_Q8_0
+                           (head_dim and v_head_dim multiples of 32, else MHA_ERR_SHAPE);
+                           any other value is MHA_ERR_ARG */
+    mha_dtype io_dtype; /* type of q, out, k_new and v_new in calls on this cache: 0
+                           (MHA_F32), MHA_F16 or MHA_BF16 (else MHA_ERR_ARG; the float
+                           pointers of those calls then point at 16-bit elements).
+                           mha_layer_step needs MHA_F32 here (its x and out are the
+                           layer's f32) and writes its new K, V rows converted to dtype */
+    const int32_t *block_table; /* NULL: each sequence's rows are contiguous as above. Else
+                                   [batch][max_blocks] pool block indices (see above) */
+    int32_t block_size;         /* rows per block, >= 1 */
+    int32_t max_blocks;         /* entries per sequence in block_table; capacity must equal
+                                   max_blocks * block_size (else MHA_ERR_SHAPE) */
+    int32_t num_blocks;         /* blocks in the pool: an entry a call needs that lies
+                                   outside [0, num_blocks) is MHA_ERR_ARG, nothing written;
+                                   entries past a sequence's rows are never read */
 } mha_kv_cache;
 
 /* Writes seq_new new rows per sequence: k_new [B][Hkv][seq_new][dh] and v_new
-   [B][Hkv][seq_new][v_head_dim] go to rows lens[b] .. lens[b] + seq_new - 1 of
-   sequence b (K rows first, then V rows: where V rows alias K rows, v_new wins).
-   lens is read, not changed. lens[b] < 0 or lens[b] + seq_new > capacity is
-   MHA_ERR_SHAPE, with nothing written. */
+   [B][Hkv][seq_new][v_head_dim], of the cache's io_dtype, go converted to its dtype
+   to rows lens[b] .. lens[b] + seq_new - 1 of sequence b (K rows first, then V rows:
+   where V rows alias K rows, v_new wins). lens is read, not changed. lens[b] < 0 or
+   lens[b] + seq_new > capacity is MHA_ERR_SHAPE, with nothing written. */
 MHA_API mha_status mha_kv_append(const mha_kv_cache *cache, const int32_t *lens,
                                  const float *k_new, const float *v_new, int32_t seq_new);
 
 /* Attention of seq_q query rows per sequence against rows j < lens[b] of the cache
-   (0 <= lens[b] <= capacity, else MHA_ERR_SHAPE). q: [B][heads][seq_q][dh],
+   (0 <= lens[b] <= capacity, else MHA_ERR_SHAPE). q: [B][heads][seq_q][dh] and out of
+   the cache's io_dtype,
    heads % kv_heads == 0 (GQA: the heads that share a kv head read each K and V row
    once, together). Row i of sequence b sits at position p(i) = lens[b] - seq_q + i:
    with mask->causal it sees keys j <= p(i) (a row with p(i) < 0 sees none and gets
@@ -204,6 +280,13 @@ MHA_API mha_status mha_attention_cached(const mha_kv_cache *cache, const int32_t
                                         const float *q, int32_t heads, int32_t seq_q, float scale,
                                         const mha_mask *mask, float *out, mha_layout out_layout,
                                         float *lse);
+/* mha_attention_cached with strided q and out of the cache's io_dtype (NULL: dense
+   [B][heads][seq_q][d]). */
+MHA_API mha_status mha_attention_cached_strided(const mha_kv_cache *cache, const int32_t *lens,
+                                                const void *q, const mha_strides *q_strides,
+                                                int32_t heads, int32_t seq_q, float scale,
+                                                const mha_mask *mask, void *out,
+                                                const mha_strides *out_strides, float *lse);
 
 /* A layer owns pre-packed weights; weights use nn.Linear's [out][in] layout. */
 typedef struct mha_layer_desc {

@@ -38,13 +38,18 @@ mha_status mha_check_cache(const mha_kv_cache *c, mha_kv_cache *r);
 /* lens[b] + seq_new within [0, capacity] for every b (seq_new 0 for reads). */
 mha_status mha_check_lens(const mha_kv_cache *c, const int32_t *lens, int32_t seq_new);
 
-/* Rows [B][Hkv][n][width] of k_new and v_new into rows lens[b].. of the resolved cache c. */
-void mha_cache_append(const mha_kv_cache *c, const int32_t *lens, const float *k_new,
-                      const float *v_new, int32_t n);
+/* strides NULL, or all >= 0 (else MHA_ERR_ARG). */
+mha_status mha_check_strides(const mha_strides *s);
+
+/* Rows [B][Hkv][n][width] of k_new and v_new (the cache's io_dtype) converted into
+   rows lens[b].. of the resolved cache c (arguments checked); allocates nothing. */
+void mha_cache_append(const mha_kv_cache *c, const int32_t *lens, const void *k_new,
+                      const void *v_new, int32_t n);
 /* The driver's view of attention over the resolved cache c (arguments checked). */
-mha_attn_args mha_cached_view(const mha_kv_cache *c, const int32_t *lens, const float *q,
-                              int32_t heads, int32_t seq_q, float scale, const mha_mask *mask,
-                              float *out, mha_layout layout, float *lse);
+mha_attn_args mha_cached_view(const mha_kv_cache *c, const int32_t *lens, const void *q,
+                              const mha_strides *q_st, int32_t heads, int32_t seq_q, float scale,
+                              const mha_mask *mask, void *out, const mha_strides *out_st,
+                              float *lse);
 
 /* The weights packed for one panel width nr: Wq, Wk and Wv one after another
    (each padded to whole panels), and Wo (NULL without an output projection). */

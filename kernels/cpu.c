@@ -1,9 +1,9 @@
 /* CPU feature detection, run once: the ISAs this CPU and OS support, as one
  * atomic set (bit isa), so that no call after the first executes CPUID (under
- * a hypervisor each one traps, several microseconds). x86: AVX2 needs AVX2
- * and FMA with YMM state saved by the OS (OSXSAVE, XCR0 bits 1 and 2); AVX-512
- * needs F, BW, DQ and VL plus FMA, with opmask and ZMM state saved too (XCR0
- * bits 5, 6 and 7). AArch64: NEON is architectural. */
+ * a hypervisor each one traps, several microseconds). x86: AVX2 needs AVX2,
+ * FMA and F16C with YMM state saved by the OS (OSXSAVE, XCR0 bits 1 and 2);
+ * AVX-512 needs F, BW, DQ and VL plus FMA and F16C, with opmask and ZMM state
+ * saved too (XCR0 bits 5, 6 and 7). AArch64: NEON is architectural. */
 #include <stdatomic.h>
 
 #include "internal.h"
@@ -22,7 +22,8 @@ static uint32_t detect(void)
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx))
         return set;
     const int fma = (ecx >> 12) & 1, osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1;
-    if (!(fma && osxsave && avx))
+    const int f16c = (ecx >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c))
         return set;
     unsigned xcr0_lo, xcr0_hi;
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));

@@ -90,9 +90,22 @@ static size_t partial_bytes(const mha_attn_plan *p, int32_t dv)
     return ((size_t)rows * (size_t)(dv + 1) * sizeof(float) + 63) / 64 * 64;
 }
 
-static size_t slot_bytes(const mha_kernels *kt)
+/* Floats of a slot's staged q and out rows: a block's rows converted to f32 when
+ * q and out are 16-bit (the kernels take f32 rows). */
+static size_t staged_floats(const mha_kernels *kt, const mha_attn_args *a)
 {
-    return rows_bytes() + (kt->attn_scratch_bytes ? kt->attn_scratch_bytes() : 0);
+    return a && a->io_type != MHA_F32 ? (size_t)kt->attn_block_rows * (size_t)(a->dk + a->dv) : 0;
+}
+
+static size_t kernel_bytes(const mha_kernels *kt)
+{
+    return kt->attn_scratch_bytes ? (kt->attn_scratch_bytes() + 63) / 64 * 64 : 0;
+}
+
+/* A slot: the block's rows, the kernel's scratch, the staged q and out rows. */
+static size_t slot_bytes(const mha_kernels *kt, const mha_attn_args *a)
+{
+    return rows_bytes() + kernel_bytes(kt) + staged_floats(kt, a) * sizeof(float);
 }
 
 size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads, int32_t seq_q,
@@ -107,7 +120,7 @@ size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads,
         mha_attn_plan p;
         cut(&p, kt->attn_block_rows, batch, heads, kv_heads, seq_q, INT32_MAX);
         partials = partial_bytes(&p, dv) > partials ? partial_bytes(&p, dv) : partials;
-        slot = slot_bytes(kt) > slot ? slot_bytes(kt) : slot;
+        slot = slot_bytes(kt, NULL) > slot ? slot_bytes(kt, NULL) : slot;
     }
     const int64_t width = mha_parallel_width();
     const size_t slots = (size_t)(width < 1 ? 1 : width > 64 ? 64 : width);
@@ -129,11 +142,11 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
             p->part_out = arena;
             p->part_lse = p->part_out + rows * a->dv;
         }
-        mha_scratch_place(&p->scratch, slot_bytes(kt), items, (char *)arena + partials,
+        mha_scratch_place(&p->scratch, slot_bytes(kt, a), items, (char *)arena + partials,
                           arena_bytes - partials);
         return MHA_OK;
     }
-    if (mha_scratch_init(&p->scratch, slot_bytes(kt), items) != MHA_OK)
+    if (mha_scratch_init(&p->scratch, slot_bytes(kt, a), items) != MHA_OK)
         return MHA_ERR_NOMEM;
     if (partials) {
         p->owned = malloc(partials);
@@ -191,7 +204,7 @@ static row_keys visible(const mha_attn_args *a, int32_t b, int32_t i)
     const mha_mask *mask = a->mask;
     const int32_t Sq = a->seq_q;
     row_keys k = {.begin = 0, .end = seq_keys(a, b)};
-    k.pos = k.end - Sq + i;
+    k.pos = mask && mask->q_offsets ? (int64_t)mask->q_offsets[b] + i : k.end - Sq + i;
     if (mask) {
         if (mask->key_lens && mask->key_lens[b] < k.end)
             k.end = mask->key_lens[b];
@@ -199,7 +212,9 @@ static row_keys visible(const mha_attn_args *a, int32_t b, int32_t i)
             k.end = mask->query_key_lens[(int64_t)b * Sq + i];
         if (mask->causal && k.pos + 1 < k.end)
             k.end = k.pos + 1;
-        if (mask->window > 0)
+        if (mask->key_starts)
+            k.begin = mask->key_starts[b];
+        if (mask->window > 0 && k.pos - mask->window + 1 > k.begin)
             k.begin = k.pos - mask->window + 1;
     }
     k.ref = k.begin < k.end ? k.end - 1 : k.pos;
@@ -214,6 +229,18 @@ static float alibi_shift(const mha_attn_args *a, int32_t h, const row_keys *k)
 {
     return a->mask && a->mask->alibi_slopes ? a->mask->alibi_slopes[h] * (float)(k->ref - k->pos)
                                             : 0.0f;
+}
+
+/* The K or V rows of kv head g of sequence b from key c0 on (mha_row). */
+static mha_rows kv_rows(const mha_attn_args *a, const void *base, int64_t sb, int64_t sh,
+                        int64_t ss, int32_t b, int32_t g, int32_t c0)
+{
+    const char *x = base;
+    if (!a->block_table)
+        return (mha_rows){.base = x + b * sb + g * sh + c0 * ss, .stride = ss};
+    return (mha_rows){.base = x + g * sh, .stride = ss, .block_stride = sb,
+                      .table = a->block_table + (int64_t)b * a->max_blocks,
+                      .block_size = a->block_size, .first = c0};
 }
 
 /* Work item: block blk / chunks, keys of chunk blk % chunks. */
@@ -232,7 +259,7 @@ static void attend_item(void *arg, int64_t item)
 
     char *slot = mha_scratch_take((mha_scratch *)&p->scratch);
     block_rows *br = (block_rows *)slot;
-    const int window = mask && mask->window > 0;
+    const int begins = mask && (mask->window > 0 || mask->key_starts);
     const int32_t nrows = at.heads * at.rows;
     for (int32_t ii = 0; ii < at.rows; ii++) { /* a row's keys are the same in every head */
         const row_keys k = visible(a, at.b, at.i0 + ii);
@@ -251,20 +278,30 @@ static void attend_item(void *arg, int64_t item)
         }
     }
 
+    /* q and out rows of the block: in place when f32, else staged as f32 rows in
+       the slot (q converted before the kernel, out after it). */
+    const size_t es = (size_t)mha_dtype_block_bytes(a->io_type);
+    const char *q0 = (const char *)a->q + (at.b * a->q_st.b + at.h0 * a->q_st.h + at.i0 * a->q_st.s) * es;
+    char *o0 = (char *)a->out + (at.b * a->out_st.b + at.h0 * a->out_st.h + at.i0 * a->out_st.s) * es;
+    float *staged = (float *)(slot + rows_bytes() + kernel_bytes(p->kt));
+    const int typed = a->io_type != MHA_F32;
+    if (typed)
+        for (int32_t r = 0; r < nrows; r++)
+            p->kt->convert(MHA_F32, staged + (int64_t)r * a->dk, a->io_type,
+                           q0 + ((r / at.rows) * a->q_st.h + (r % at.rows) * a->q_st.s) * es, a->dk);
     mha_attn_block blk = {
         .rows = nrows,
         .group_rows = at.rows,
         .seq_kv = cn,
         .dk = a->dk,
         .dv = a->dv,
-        .q = a->q + (((int64_t)at.b * H + at.h0) * Sq + at.i0) * a->dk,
-        .q_stride = a->dk,
-        .q_group_stride = (int64_t)Sq * a->dk,
-        .k = a->k + at.b * a->k_stride_b + at.g * a->k_stride_h + c0 * a->k_stride_s,
-        .v = a->v + at.b * a->v_stride_b + at.g * a->v_stride_h + c0 * a->v_stride_s,
-        .k_stride = a->k_stride_s,
-        .v_stride = a->v_stride_s,
-        .kv_begin = window ? br->kv_begin : NULL,
+        .q = typed ? staged : (const float *)q0,
+        .q_stride = typed ? a->dk : a->q_st.s,
+        .q_group_stride = typed ? (int64_t)at.rows * a->dk : a->q_st.h,
+        .k = kv_rows(a, a->k, a->k_stride_b, a->k_stride_h, a->k_stride_s, at.b, at.g, c0),
+        .v = kv_rows(a, a->v, a->v_stride_b, a->v_stride_h, a->v_stride_s, at.b, at.g, c0),
+        .kv_type = a->kv_type,
+        .kv_begin = begins ? br->kv_begin : NULL,
         .kv_end = br->kv_end,
         .scale = a->scale,
         .softcap = mask ? mask->softcap : 0.0f,
@@ -285,19 +322,22 @@ static void attend_item(void *arg, int64_t item)
         blk.out_stride = a->dv;
         blk.out_group_stride = (int64_t)at.rows * a->dv;
         blk.lse = p->part_lse + item * rows;
+    } else if (typed) {
+        blk.out = staged + (int64_t)nrows * a->dk;
+        blk.out_stride = a->dv;
+        blk.out_group_stride = (int64_t)at.rows * a->dv;
+        blk.lse = a->lse ? br->lse : NULL;
     } else {
-        if (a->layout == MHA_LAYOUT_BHSD) {
-            blk.out = a->out + (((int64_t)at.b * H + at.h0) * Sq + at.i0) * a->dv;
-            blk.out_stride = a->dv;
-            blk.out_group_stride = (int64_t)Sq * a->dv;
-        } else {
-            blk.out = a->out + (((int64_t)at.b * Sq + at.i0) * H + at.h0) * a->dv;
-            blk.out_stride = (int64_t)H * a->dv;
-            blk.out_group_stride = a->dv;
-        }
+        blk.out = (float *)o0;
+        blk.out_stride = a->out_st.s;
+        blk.out_group_stride = a->out_st.h;
         blk.lse = a->lse ? br->lse : NULL;
     }
     p->kt->attn_block(&blk);
+    if (!split && typed)
+        for (int32_t r = 0; r < nrows; r++)
+            p->kt->convert(a->io_type, o0 + ((r / at.rows) * a->out_st.h + (r % at.rows) * a->out_st.s) * es,
+                           MHA_F32, blk.out + (int64_t)r * a->dv, a->dv);
     if (!split && a->lse)
         for (int32_t r = 0; r < nrows; r++)
             a->lse[((int64_t)at.b * H + at.h0 + r / at.rows) * Sq + at.i0 + r % at.rows] =
@@ -307,7 +347,8 @@ static void attend_item(void *arg, int64_t item)
 
 /* Merge item: the chunks of block bi, row by row, in chunk order:
  *   L = log sum_c exp(lse_c);  out = sum_c exp(lse_c - M) O_c / (sum_c exp(lse_c - M) + exp(sink - M))
- * with M the largest lse_c; a row that saw no key in any chunk gets zeros. */
+ * with M the largest lse_c; a row that saw no key in any chunk gets zeros. The sum
+ * builds in the first chunk's partial row, then goes to out in its type. */
 static void merge_item(void *arg, int64_t bi)
 {
     const mha_attn_plan *p = arg;
@@ -315,24 +356,23 @@ static void merge_item(void *arg, int64_t bi)
     const block_at at = locate(p, bi);
     const int32_t H = a->heads, Sq = a->seq_q, dv = a->dv, C = p->chunks;
     const int64_t rows = (int64_t)p->head_run * p->row_run;
+    const size_t es = (size_t)mha_dtype_block_bytes(a->io_type);
     for (int32_t r = 0; r < at.heads * at.rows; r++) {
         const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
         const float *lse = p->part_lse + bi * C * rows + r;
-        const float *o = p->part_out + bi * C * rows * dv + (int64_t)r * dv;
-        float *out = a->layout == MHA_LAYOUT_BHSD ? a->out + (((int64_t)at.b * H + h) * Sq + i) * dv
-                                                  : a->out + (((int64_t)at.b * Sq + i) * H + h) * dv;
+        float *o = p->part_out + bi * C * rows * dv + (int64_t)r * dv;
+        char *out = (char *)a->out + (at.b * a->out_st.b + h * a->out_st.h + i * a->out_st.s) * es;
         float m = -INFINITY;
         for (int32_t c = 0; c < C; c++)
             m = isnan(lse[c * rows]) || lse[c * rows] > m ? lse[c * rows] : m;
         float total = -INFINITY;
-        memset(out, 0, (size_t)dv * sizeof(float));
         if (m != -INFINITY) {
             float sum = 0.0f;
             for (int32_t c = 0; c < C; c++) {
                 const float w = expf(lse[c * rows] - m);
                 sum += w;
                 for (int32_t d = 0; d < dv; d++)
-                    out[d] += w * o[c * rows * dv + d];
+                    o[d] = (c ? o[d] : 0.0f) + w * o[c * rows * dv + d];
             }
             const row_keys k = visible(a, at.b, i);
             const float shift = alibi_shift(a, h, &k);
@@ -340,8 +380,11 @@ static void merge_item(void *arg, int64_t bi)
             const float den =
                 a->mask && a->mask->sinks ? sum + expf(a->mask->sinks[h] - shift - m) : sum;
             for (int32_t d = 0; d < dv; d++)
-                out[d] /= den;
+                o[d] /= den;
+        } else {
+            memset(o, 0, (size_t)dv * sizeof(float));
         }
+        p->kt->convert(a->io_type, out, MHA_F32, o, dv);
         if (a->lse)
             a->lse[((int64_t)at.b * H + h) * Sq + i] = total;
     }

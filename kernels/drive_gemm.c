@@ -7,9 +7,11 @@
 
 /* Writes a tile to its segment's destination: the first k block stores bias + tile,
  * later blocks add their tile. Offsets step through rows and columns, so a tile costs
- * two divisions; columns that stay inside one block (a head) are contiguous. */
-static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t c0, int32_t nc,
-                          int32_t nr, const float *tile, int first)
+ * two divisions; columns that stay inside one block (a head) are contiguous. A
+ * 16-bit destination (one k block) takes each row's bias + tile in runs of
+ * contiguous columns through the table's convert. */
+static void gemm_epilogue(const mha_kernels *kt, const mha_gemm_seg *s, int64_t m0, int32_t mr,
+                          int32_t c0, int32_t nc, int32_t nr, const float *tile, int first)
 {
     const float *bias = first && s->bias ? s->bias + c0 : NULL;
     int64_t coff[MHA_GEMM_TILE_MAX];
@@ -23,10 +25,20 @@ static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t
     int64_t b = m0 / s->rows;
     int32_t r = (int32_t)(m0 % s->rows);
     for (int32_t i = 0; i < mr; i++) {
-        float *row = s->dst + b * s->batch_stride + (int64_t)r * s->row_stride;
+        const int64_t row_at = b * s->batch_stride + (int64_t)r * s->row_stride;
         const float *t = tile + (size_t)i * nr;
-        if (contiguous) {
-            float *d = row + coff[0];
+        if (s->dst_type != MHA_F32) {
+            float vals[MHA_GEMM_TILE_MAX];
+            for (int32_t j = 0; j < nc; j++)
+                vals[j] = bias ? bias[j] + t[j] : t[j];
+            uint16_t *dst = (uint16_t *)s->dst + row_at;
+            for (int32_t j = 0, j1; j < nc; j = j1) {
+                for (j1 = j + 1; j1 < nc && coff[j1] == coff[j] + (j1 - j); j1++)
+                    ;
+                kt->convert(s->dst_type, dst + coff[j], MHA_F32, vals + j, j1 - j);
+            }
+        } else if (contiguous) {
+            float *d = (float *)s->dst + row_at + coff[0];
             if (bias)
                 for (int32_t j = 0; j < nc; j++)
                     d[j] = bias[j] + t[j];
@@ -37,6 +49,7 @@ static void gemm_epilogue(const mha_gemm_seg *s, int64_t m0, int32_t mr, int32_t
                 for (int32_t j = 0; j < nc; j++)
                     d[j] += t[j];
         } else {
+            float *row = (float *)s->dst + row_at;
             if (bias)
                 for (int32_t j = 0; j < nc; j++)
                     row[coff[j]] = bias[j] + t[j];
@@ -89,7 +102,7 @@ static void gemm_item(void *arg, int64_t item)
                 const float *w = seg->w + (size_t)(c0 / nr) * (size_t)c->panel_bytes / sizeof(float)
                                  + (size_t)k0 * nr;
                 c->kt->gemm_tile(mcur, kcur, c->a + m0 * c->lda + k0, c->lda, w, tile);
-                gemm_epilogue(seg, m0, mcur, c0, nc, nr, tile, k0 == 0);
+                gemm_epilogue(c->kt, seg, m0, mcur, c0, nc, nr, tile, k0 == 0);
             }
         }
     }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h"
 #include "isa_list.h"
 #include "mha.h"
 
@@ -30,6 +31,27 @@ static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
     return (size_t)((n + nr - 1) / nr) * (size_t)nr * (size_t)k;
 }
 
+/* The K or V rows of a block, key j < seq_kv at the byte address mha_row(r, j):
+ *   base + j*stride                                         without a table;
+ *   base + table[row / block_size]*block_stride + (row % block_size)*stride,
+ *     row = first + j,                                     with a block table
+ * (a paged cache: base is the pool, with the kv head's offset). */
+typedef struct mha_rows {
+    const char *base;
+    int64_t stride, block_stride;
+    const int32_t *table;
+    int32_t block_size, first;
+} mha_rows;
+
+static inline const char *mha_row(const mha_rows *r, int32_t j)
+{
+    if (!r->table)
+        return r->base + (int64_t)j * r->stride;
+    const int32_t row = r->first + j;
+    return r->base + (int64_t)r->table[row / r->block_size] * r->block_stride
+           + (int64_t)(row % r->block_size) * r->stride;
+}
+
 /* One attention block: `rows` query rows against the keys of one kv head. The
  * rows come in groups of group_rows (one group per query head sharing the kv
  * head, GQA); row r is row r % group_rows of group r / group_rows, and every
@@ -37,8 +59,10 @@ static inline size_t mha_packed_floats(int32_t n, int32_t k, int32_t nr)
  *
  * Row r reads its query at q (+ q_stride, q_group_stride; dk floats) and sees
  * the keys kv_begin[r] <= j < kv_end[r] (kv_begin NULL: 0; 0 <= kv_begin[r],
- * kv_end[r] <= seq_kv), key j's row at k + j*k_stride (dk floats) and its value
- * at v + j*v_stride (dv floats). Its scores, in this order:
+ * kv_end[r] <= seq_kv), key j's row at mha_row(&k, j) (dk values of kv_type) and
+ * its value at mha_row(&v, j) (dv values of kv_type; a q8_0 row holds whole
+ * blocks, dk and dv multiples of 32), read exactly as mha.h converts them. Its
+ * scores, in this order:
  *     s = scale * q.k_j
  *     s = softcap * tanh(s / softcap)              when softcap > 0
  *     s = s + bias[j]                              bias row at bias (+ bias_stride,
@@ -62,8 +86,8 @@ typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
     int64_t q_stride, q_group_stride;
-    const float *k, *v;
-    int64_t k_stride, v_stride;
+    mha_rows k, v;
+    mha_dtype kv_type;
     const int32_t *kv_begin, *kv_end;
     const float *bias;
     int64_t bias_stride, bias_group_stride;
@@ -115,6 +139,11 @@ typedef struct mha_kernels {
      * by the calling thread. */
     size_t (*transpose_scratch_bytes)(int32_t rows, int32_t cols, int32_t elem);
     void (*transpose)(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+
+    /* dst[0..n) of type `to` = src[0..n) of type `from`, the bits of kernels/dtype.h's
+     * scalar conversions: to is f32, f16 or bf16; from any type (q8_0: n a multiple
+     * of 32). Reads and writes nothing past the n values. */
+    void (*convert)(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n);
 } mha_kernels;
 
 /* The kernels of each ISA, named <what>__<isa>; their tables are in <isa>/table.c. */
@@ -123,6 +152,7 @@ void mha_gemm_1x1__scalar(int32_t mr, int32_t kc, const float *a, int64_t lda, c
 void mha_attn_block__scalar(const mha_attn_block *blk);
 size_t mha_transpose_scratch_bytes__scalar(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__scalar(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+void mha_convert__scalar(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n);
 
 void mha_gemm_6x16__avx2(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);
@@ -130,6 +160,7 @@ void mha_attn_block__avx2(const mha_attn_block *blk);
 size_t mha_attn_scratch_bytes__avx2(void);
 size_t mha_transpose_scratch_bytes__avx2(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx2(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+void mha_convert__avx2(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n);
 
 void mha_gemm_12x32__avx512(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                             float *tile);
@@ -137,6 +168,7 @@ void mha_attn_block__avx512(const mha_attn_block *blk);
 size_t mha_attn_scratch_bytes__avx512(void);
 size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__avx512(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+void mha_convert__avx512(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n);
 
 void mha_gemm_8x12__neon(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                          float *tile);
@@ -144,6 +176,7 @@ void mha_attn_block__neon(const mha_attn_block *blk);
 size_t mha_attn_scratch_bytes__neon(void);
 size_t mha_transpose_scratch_bytes__neon(int32_t rows, int32_t cols, int32_t elem);
 void mha_transpose__neon(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch);
+void mha_convert__neon(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n);
 
 #define MHA_DECLARE_TABLE_(name, value) extern const mha_kernels mha_kernels_##name;
 MHA_ISA_LIST(MHA_DECLARE_TABLE_)
@@ -184,13 +217,15 @@ const mha_kernels *mha_kernels_active(void);
 /* Destination of a GEMM segment: element (m, c) of the m x n result goes to
  *   dst + (m / rows)*batch_stride + (m % rows)*row_stride
  *       + (c / cols)*block_stride + (c % cols)
- * which covers both a plain row-major matrix (rows = cols = large, strides 0)
- * and head-major [B][H][S][dh] (rows = S, cols = dh). */
+ * (elements of dst_type: f32, or f16 / bf16 rounded once from the whole sum, which
+ * needs k <= gemm_kc_max), which covers both a plain row-major matrix (rows = cols
+ * = large, strides 0) and head-major [B][H][S][dh] (rows = S, cols = dh). */
 typedef struct mha_gemm_seg {
     const float *w;    /* packed for the table's gemm_nr */
     const float *bias; /* [n] or NULL */
     int32_t n;
-    float *dst;
+    void *dst;
+    mha_dtype dst_type;
     int32_t rows, cols;
     int64_t batch_stride, row_stride, block_stride;
 } mha_gemm_seg;
@@ -202,21 +237,30 @@ typedef struct mha_gemm_seg {
 void mha_gemm_run(const mha_kernels *kt, int64_t m, int32_t k, const float *a, int64_t lda,
                   const mha_gemm_seg *segs, int nsegs);
 
-/* drive_attention.c: an attention call, checked. q is [B][heads][seq_q][dk]; the K
- * row of key j of sequence b and kv head g is at k + b*k_stride_b + g*k_stride_h +
- * j*k_stride_s (dk floats), V alike (dv floats). Sequence b has lens[b] keys
- * (lens NULL: seq_kv each), row i sitting at position keys - seq_q + i; seq_kv
- * bounds every key index (the bias extent). out as mha_attention, lse NULL or
- * [B][heads][seq_q]. */
+/* drive_attention.c: an attention call, checked. Sequence b has lens[b] keys (lens
+ * NULL: seq_kv each), row i sitting at position keys - seq_q + i unless
+ * mask->q_offsets says otherwise; seq_kv bounds every key index (the bias extent).
+ * q [B][heads][seq_q][dk] and out [B][heads][seq_q][dv] are io_type elements at
+ * their strides (elements); lse NULL or [B][heads][seq_q]. The K row of key j of
+ * sequence b and kv head g is at byte k + b*k_stride_b + g*k_stride_h +
+ * j*k_stride_s (dk values of kv_type), V alike (dv values); with a block_table
+ * ([batch][max_blocks]), key j is row j % block_size of pool block
+ * block_table[b*max_blocks + j / block_size], k_stride_b being the pool's block
+ * stride. */
 typedef struct mha_attn_args {
     int32_t batch, heads, kv_heads, seq_q, seq_kv, dk, dv;
     const int32_t *lens;
-    const float *q, *k, *v;
-    int64_t k_stride_b, k_stride_h, k_stride_s, v_stride_b, v_stride_h, v_stride_s;
+    mha_dtype io_type, kv_type;
+    const void *q;
+    mha_strides q_st;
+    void *out;
+    mha_strides out_st;
+    const void *k, *v;
+    int64_t k_stride_b, k_stride_h, k_stride_s, v_stride_b, v_stride_h, v_stride_s; /* bytes */
+    const int32_t *block_table;
+    int32_t block_size, max_blocks;
     float scale;
     const mha_mask *mask;
-    float *out;
-    mha_layout layout;
     float *lse;
 } mha_attn_args;
 
@@ -240,8 +284,9 @@ typedef struct mha_attn_plan {
 mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, void *arena,
                                  size_t arena_bytes, mha_attn_plan *p);
 /* An arena size that serves every available ISA and any lens for a call of these
- * sizes: partial results of split keys plus one scratch slot per item that may run
- * at once (mha_parallel_width, at the time of asking). The layer calls compute
+ * sizes on f32 q and out (the layer calls'): partial results of split keys plus
+ * one scratch slot per item that may run at once (mha_parallel_width, at the time
+ * of asking). The layer calls compute
  * their workspace size again at each call, so a workspace sized before the thread
  * count rose is refused (MHA_ERR_ARG), never shared by more threads than slots. */
 size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads, int32_t seq_q,

@@ -279,15 +279,18 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
     if (st != MHA_OK)
         return st;
 
-    const int32_t dk = layer->head_dim, dv = layer->v_dim, Hkv = layer->kv_heads;
+    const int32_t dk = layer->head_dim, dv = layer->v_dim, H = layer->heads, Hkv = layer->kv_heads;
+    const int64_t f = sizeof(float);
     const mha_attn_args a = {
-        .batch = batch, .heads = layer->heads, .kv_heads = Hkv, .seq_q = seq_q,
+        .batch = batch, .heads = H, .kv_heads = Hkv, .seq_q = seq_q,
         .seq_kv = seq_kv, .dk = dk, .dv = dv, .q = w.q, .k = w.k, .v = w.v,
-        .k_stride_b = (int64_t)Hkv * seq_kv * dk, .k_stride_h = (int64_t)seq_kv * dk,
-        .k_stride_s = dk, .v_stride_b = (int64_t)Hkv * seq_kv * dv,
-        .v_stride_h = (int64_t)seq_kv * dv, .v_stride_s = dv,
+        .q_st = {(int64_t)H * seq_q * dk, (int64_t)seq_q * dk, dk},
+        .k_stride_b = f * Hkv * seq_kv * dk, .k_stride_h = f * seq_kv * dk,
+        .k_stride_s = f * dk, .v_stride_b = f * Hkv * seq_kv * dv,
+        .v_stride_h = f * seq_kv * dv, .v_stride_s = f * dv,
         .scale = 1.0f / sqrtf((float)dk), .mask = mask,
-        .out = layer->out_dim > 0 ? w.merged : out, .layout = MHA_LAYOUT_BSHD,
+        .out = layer->out_dim > 0 ? w.merged : out,
+        .out_st = {(int64_t)seq_q * H * dv, dv, (int64_t)H * dv}, /* merged heads */
     };
     mha_attn_plan plan;
     st = mha_attention_prepare(kt, &a, w.arena, s.arena, &plan);
@@ -304,11 +307,24 @@ mha_status mha_layer_forward(const mha_layer *layer, const float *query, const f
 /* Do the K and V rows of the cache lie in disjoint address ranges? */
 static int cache_sides_disjoint(const mha_kv_cache *c)
 {
+    const int64_t es = mha_dtype_block_bytes(c->dtype);
     const int64_t k_end = (c->batch - 1) * c->stride_b + (c->kv_heads - 1) * c->stride_h
                           + (int64_t)(c->capacity - 1) * c->stride_s + c->head_dim;
     const int64_t v_end = (c->batch - 1) * c->v_stride_b + (c->kv_heads - 1) * c->v_stride_h
                           + (int64_t)(c->capacity - 1) * c->v_stride_s + c->v_head_dim;
-    return c->k + k_end <= c->v || c->v + v_end <= c->k;
+    const char *k = c->k, *v = c->v;
+    return k + k_end * es <= v || v + v_end * es <= k;
+}
+
+/* Can the GEMM's epilogue write the step's K and V rows into the cache itself? When
+   every sequence appends at the same row of contiguous rows, K and V do not share
+   memory, and the rows are f32, or 16-bit rounded once from a single k block. */
+static int step_direct(const mha_kernels *kt, const mha_layer *L, const mha_kv_cache *c,
+                       int same_lens)
+{
+    return same_lens && !c->block_table && cache_sides_disjoint(c)
+           && (c->dtype == MHA_F32
+               || ((c->dtype == MHA_F16 || c->dtype == MHA_BF16) && L->q_in <= kt->gemm_kc_max));
 }
 
 mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
@@ -322,6 +338,8 @@ mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
     if (st != MHA_OK)
         return st;
     const int32_t B = c.batch, H = layer->heads, Hkv = layer->kv_heads;
+    if (c.io_dtype != MHA_F32)
+        return MHA_ERR_ARG;
     if (c.kv_heads != Hkv || c.head_dim != layer->head_dim || c.v_head_dim != layer->v_dim
         || layer->k_in != layer->q_in || layer->v_in != layer->q_in || seq_q <= 0
         || seq_q > c.capacity)
@@ -349,9 +367,11 @@ mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
         new_lens[b] = lens[b] + seq_q;
         same_lens &= lens[b] == lens[0];
     }
-    const mha_attn_args a = mha_cached_view(&c, new_lens, w.q, H, seq_q, 1.0f / sqrtf((float)c.head_dim),
-                                        mask, layer->out_dim > 0 ? w.merged : out,
-                                        MHA_LAYOUT_BSHD, NULL);
+    const mha_strides qs = {(int64_t)H * seq_q * c.head_dim, (int64_t)seq_q * c.head_dim, c.head_dim};
+    const mha_strides os = {(int64_t)seq_q * H * c.v_head_dim, c.v_head_dim, (int64_t)H * c.v_head_dim};
+    const mha_attn_args a = mha_cached_view(&c, new_lens, w.q, &qs, H, seq_q,
+                                            1.0f / sqrtf((float)c.head_dim), mask,
+                                            layer->out_dim > 0 ? w.merged : out, &os, NULL);
     mha_attn_plan plan;
     st = mha_attention_prepare(kt, &a, w.arena, s.arena, &plan);
     if (st != MHA_OK) {
@@ -360,23 +380,26 @@ mha_status mha_layer_step(const mha_layer *layer, const float *x, int32_t seq_q,
     }
 
     /* Nothing can fail from here on. New K and V rows go straight into the cache
-       from the GEMM when every sequence appends at the same row and K and V do not
-       share memory; else through the workspace, K then V. */
+       from the GEMM when step_direct says so; else through the workspace, K then V,
+       converted by the append. */
     mha_gemm_seg segs[3] = {
         head_major(pw->w_qkv, layer->b_q, w.q, H, seq_q, c.head_dim),
         head_major(pw->w_qkv + pw->off_k, layer->b_k, w.k, Hkv, seq_q, c.head_dim),
         head_major(pw->w_qkv + pw->off_v, layer->b_v, w.v, Hkv, seq_q, c.v_head_dim),
     };
-    const int direct = same_lens && cache_sides_disjoint(&c);
+    const int direct = step_direct(kt, layer, &c, same_lens);
     if (direct) {
+        const int64_t es = mha_dtype_block_bytes(c.dtype);
         segs[1] = (mha_gemm_seg){.w = segs[1].w, .bias = layer->b_k, .n = segs[1].n,
-                                 .dst = c.k + lens[0] * c.stride_s, .rows = seq_q,
-                                 .cols = c.head_dim, .batch_stride = c.stride_b,
-                                 .row_stride = c.stride_s, .block_stride = c.stride_h};
+                                 .dst = (char *)c.k + lens[0] * c.stride_s * es,
+                                 .dst_type = c.dtype, .rows = seq_q, .cols = c.head_dim,
+                                 .batch_stride = c.stride_b, .row_stride = c.stride_s,
+                                 .block_stride = c.stride_h};
         segs[2] = (mha_gemm_seg){.w = segs[2].w, .bias = layer->b_v, .n = segs[2].n,
-                                 .dst = c.v + lens[0] * c.v_stride_s, .rows = seq_q,
-                                 .cols = c.v_head_dim, .batch_stride = c.v_stride_b,
-                                 .row_stride = c.v_stride_s, .block_stride = c.v_stride_h};
+                                 .dst = (char *)c.v + lens[0] * c.v_stride_s * es,
+                                 .dst_type = c.dtype, .rows = seq_q, .cols = c.v_head_dim,
+                                 .batch_stride = c.v_stride_b, .row_stride = c.v_stride_s,
+                                 .block_stride = c.v_stride_h};
     }
     qkv_gemms(kt, layer, segs, x, x, x, B, seq_q, seq_q);
     if (!direct)

@@ -3,6 +3,7 @@
 #endif
 
 #include "common.h"
+#include "guard.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -156,80 +157,132 @@ const char *cache_kind_name(cache_kind kind)
 int test_cache_init(test_cache *t, cache_kind kind, int32_t batch, int32_t kv_heads,
                     int32_t head_dim, int32_t v_head_dim, int32_t capacity)
 {
+    return test_cache_init_as(t, kind, MHA_F32, MHA_F32, 0, batch, kv_heads, head_dim, v_head_dim,
+                              capacity, NULL);
+}
+
+/* A side's allocation: CACHE_GUARD floats, `units` units of the type, CACHE_GUARD floats. */
+static float *side_alloc(size_t *floats, int64_t units, int64_t unit_bytes, void **start)
+{
+    *floats = (size_t)((units * unit_bytes + 3) / 4) + 2 * CACHE_GUARD;
+    float *buf = xmalloc(*floats * sizeof(float));
+    memset(buf, CACHE_FILL, *floats * sizeof(float));
+    *start = buf + CACHE_GUARD;
+    return buf;
+}
+
+int test_cache_init_as(test_cache *t, cache_kind kind, mha_dtype dtype, mha_dtype io_dtype,
+                       int32_t block_size, int32_t batch, int32_t kv_heads, int32_t head_dim,
+                       int32_t v_head_dim, int32_t capacity, rng *r)
+{
     const int32_t dk = head_dim, dv = v_head_dim ? v_head_dim : head_dim;
-    if (kind == CACHE_LATENT && dv > dk)
+    const int32_t per = mha_dtype_block_values(dtype);
+    if ((kind == CACHE_LATENT && dv > dk) || dk % per || dv % per
+        || (block_size > 0 && capacity % block_size))
         return 0;
     memset(t, 0, sizeof *t);
     mha_kv_cache *c = &t->c;
     *c = (mha_kv_cache){.batch = batch, .kv_heads = kv_heads, .head_dim = dk,
-                        .capacity = capacity, .v_head_dim = v_head_dim};
-    const int64_t rows = (int64_t)batch * kv_heads * capacity;
-    int64_t kw = dk, vw = dv; /* floats per row of each allocation */
+                        .capacity = capacity, .v_head_dim = v_head_dim, .dtype = dtype,
+                        .io_dtype = io_dtype};
+    /* Rows of a sequence, or of a block; sequences, or pool blocks (shuffled, with
+       two spare ones that no entry names). */
+    const int32_t rows = block_size > 0 ? block_size : capacity;
+    const int32_t seqs = block_size > 0 ? batch * (capacity / block_size) + 2 : batch;
+    const int64_t all = (int64_t)seqs * kv_heads * rows;
+    const int32_t uk = dk / per, uv = dv / per; /* units per row */
+    int64_t kw = uk, vw = uv;                  /* units per row of each allocation */
     switch (kind) {
     case CACHE_BHSD:
     case CACHE_LATENT:
-        c->stride_b = (int64_t)kv_heads * capacity * dk, c->stride_h = (int64_t)capacity * dk;
-        c->stride_s = dk;
-        c->v_stride_b = (int64_t)kv_heads * capacity * dv, c->v_stride_h = (int64_t)capacity * dv;
-        c->v_stride_s = dv;
+        c->stride_b = (int64_t)kv_heads * rows * uk, c->stride_h = (int64_t)rows * uk;
+        c->stride_s = uk;
+        c->v_stride_b = (int64_t)kv_heads * rows * uv, c->v_stride_h = (int64_t)rows * uv;
+        c->v_stride_s = uv;
         if (kind == CACHE_LATENT) {
             c->v_stride_b = c->stride_b, c->v_stride_h = c->stride_h, c->v_stride_s = c->stride_s;
             vw = 0;
         }
         break;
     case CACHE_BSHD:
-        c->stride_b = (int64_t)capacity * kv_heads * dk, c->stride_h = dk;
-        c->stride_s = (int64_t)kv_heads * dk;
-        c->v_stride_b = (int64_t)capacity * kv_heads * dv, c->v_stride_h = dv;
-        c->v_stride_s = (int64_t)kv_heads * dv;
+        c->stride_b = (int64_t)rows * kv_heads * uk, c->stride_h = uk;
+        c->stride_s = (int64_t)kv_heads * uk;
+        c->v_stride_b = (int64_t)rows * kv_heads * uv, c->v_stride_h = uv;
+        c->v_stride_s = (int64_t)kv_heads * uv;
         break;
     default: /* CACHE_PADDED */
-        kw = vw = (dk > dv ? dk : dv) + 3;
-        c->stride_b = (int64_t)kv_heads * capacity * kw, c->stride_h = (int64_t)capacity * kw;
+        kw = vw = (uk > uv ? uk : uv) + 3;
+        c->stride_b = (int64_t)kv_heads * rows * kw, c->stride_h = (int64_t)rows * kw;
         c->stride_s = kw;
         break;
     }
-    t->kn = (size_t)(rows * kw) + 2 * CACHE_GUARD;
-    t->kbuf = xmalloc(t->kn * sizeof(float));
-    memset(t->kbuf, CACHE_FILL, t->kn * sizeof(float));
-    c->k = t->kbuf + CACHE_GUARD;
+    const int64_t ub = mha_dtype_block_bytes(dtype);
+    t->kbuf = side_alloc(&t->kn, all * kw, ub, &c->k);
     if (vw) {
-        t->vn = (size_t)(rows * vw) + 2 * CACHE_GUARD;
-        t->vbuf = xmalloc(t->vn * sizeof(float));
-        memset(t->vbuf, CACHE_FILL, t->vn * sizeof(float));
-        c->v = t->vbuf + CACHE_GUARD;
+        t->vbuf = side_alloc(&t->vn, all * vw, ub, &c->v);
     } else {
         t->vbuf = t->kbuf, t->vn = t->kn;
         c->v = c->k;
     }
+    if (block_size > 0) {
+        const int32_t per_seq = capacity / block_size;
+        int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)seqs);
+        for (int32_t i = 0; i < seqs; i++)
+            perm[i] = i;
+        for (int32_t i = seqs - 1; r && i > 0; i--) {
+            const int32_t k = (int32_t)rng_uniform(r, 0.0f, (float)i + 0.999f), tmp = perm[i];
+            perm[i] = perm[k], perm[k] = tmp;
+        }
+        t->table = xmalloc(sizeof(int32_t) * (size_t)(batch * per_seq));
+        memcpy(t->table, perm, sizeof(int32_t) * (size_t)(batch * per_seq));
+        free(perm);
+        c->block_table = t->table, c->block_size = block_size, c->max_blocks = per_seq;
+        c->num_blocks = seqs;
+    }
     return 1;
 }
 
-float *cache_k_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j)
+/* Row j of sequence b, kv head g of one side, through the table of a paged cache. */
+static void *side_row(const mha_kv_cache *c, void *base, int64_t sb, int64_t sh, int64_t ss,
+                      int32_t b, int32_t g, int32_t j)
 {
-    return c->k + b * c->stride_b + g * c->stride_h + j * c->stride_s;
+    int64_t at = g * sh;
+    if (c->block_table)
+        at += c->block_table[(int64_t)b * c->max_blocks + j / c->block_size] * sb
+              + (int64_t)(j % c->block_size) * ss;
+    else
+        at += b * sb + (int64_t)j * ss;
+    return (char *)base + at * mha_dtype_block_bytes(c->dtype);
 }
 
-float *cache_v_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j)
+void *cache_k_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j)
+{
+    return side_row(c, c->k, c->stride_b, c->stride_h, c->stride_s, b, g, j);
+}
+
+void *cache_v_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j)
 {
     if (c->v_stride_b == 0 && c->v_stride_h == 0 && c->v_stride_s == 0)
-        return c->v + b * c->stride_b + g * c->stride_h + j * c->stride_s;
-    return c->v + b * c->v_stride_b + g * c->v_stride_h + j * c->v_stride_s;
+        return side_row(c, c->v, c->stride_b, c->stride_h, c->stride_s, b, g, j);
+    return side_row(c, c->v, c->v_stride_b, c->v_stride_h, c->v_stride_s, b, g, j);
 }
 
 void test_cache_fill(test_cache *t, rng *r, const int32_t *lens)
 {
     const mha_kv_cache *c = &t->c;
     const int32_t dv = c->v_head_dim ? c->v_head_dim : c->head_dim;
+    float *x = xmalloc(sizeof(float) * (size_t)(c->head_dim > dv ? c->head_dim : dv));
     for (int32_t b = 0; b < c->batch; b++)
         for (int32_t g = 0; g < c->kv_heads; g++)
             for (int32_t j = 0; j < lens[b]; j++) {
-                float *kr = cache_k_row(c, b, g, j), *vr = cache_v_row(c, b, g, j);
                 for (int32_t e = 0; e < c->head_dim; e++)
-                    kr[e] = rng_uniform(r, -1, 1);
+                    x[e] = rng_uniform(r, -1, 1);
+                typed_store(c->dtype, cache_k_row(c, b, g, j), x, c->head_dim);
                 for (int32_t e = 0; e < dv; e++)
-                    vr[e] = rng_uniform(r, -1, 1);
+                    x[e] = rng_uniform(r, -1, 1);
+                typed_store(c->dtype, cache_v_row(c, b, g, j), x, dv);
             }
+    free(x);
 }
 
 void test_cache_free(test_cache *t)
@@ -237,6 +290,64 @@ void test_cache_free(test_cache *t)
     if (t->vbuf != t->kbuf)
         free(t->vbuf);
     free(t->kbuf);
+    free(t->table);
+}
+
+void typed_store(mha_dtype t, void *dst, const float *x, int32_t d)
+{
+    for (int32_t e = 0; e < d; e += t == MHA_Q8_0 ? MHA_Q8_BLOCK : 1)
+        switch (t) {
+        case MHA_F16: ((uint16_t *)dst)[e] = mha_f32_to_f16(x[e]); break;
+        case MHA_BF16: ((uint16_t *)dst)[e] = mha_f32_to_bf16(x[e]); break;
+        case MHA_Q8_0: mha_quantize_q8_0(x + e, (uint8_t *)dst + e / MHA_Q8_BLOCK * MHA_Q8_BYTES); break;
+        default: ((float *)dst)[e] = x[e]; break;
+        }
+}
+
+const char *typed_row(const typed_rows *tr, int32_t j)
+{
+    if (!tr->table)
+        return tr->mem + (int64_t)j * tr->stride;
+    return tr->mem + (int64_t)tr->table[j / tr->block_size] * tr->block_stride
+           + (int64_t)(j % tr->block_size) * tr->stride;
+}
+
+void typed_rows_init(typed_rows *tr, mha_dtype t, const float *x, int64_t ld, int32_t rows,
+                     int32_t d, int32_t pad_units, int32_t block_size, int32_t spare, rng *r)
+{
+    memset(tr, 0, sizeof *tr);
+    tr->t = t, tr->rows = rows, tr->block_size = block_size;
+    const int64_t unit = mha_dtype_block_bytes(t);
+    tr->stride = mha_row_bytes(t, d) + pad_units * unit;
+    int32_t slots = rows; /* rows of storage */
+    if (block_size > 0) {
+        const int32_t used = (rows + block_size - 1) / block_size;
+        tr->nblocks = used + spare;
+        tr->block_stride = tr->stride * block_size;
+        slots = tr->nblocks * block_size;
+        tr->table = xmalloc(sizeof(int32_t) * (size_t)(used ? used : 1));
+        int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)tr->nblocks);
+        for (int32_t i = 0; i < tr->nblocks; i++)
+            perm[i] = i;
+        for (int32_t i = tr->nblocks - 1; i > 0; i--) { /* shuffled pool */
+            const int32_t k = (int32_t)rng_uniform(r, 0.0f, (float)i + 0.999f), tmp = perm[i];
+            perm[i] = perm[k], perm[k] = tmp;
+        }
+        memcpy(tr->table, perm, sizeof(int32_t) * (size_t)used);
+        free(perm);
+    }
+    /* The last row ends flush against the guard: no padding after it. */
+    tr->bytes = (size_t)(slots * tr->stride - pad_units * unit);
+    tr->mem = guard_alloc_bytes(tr->bytes, GUARD_AFTER);
+    memset(tr->mem, 0xff, tr->bytes); /* NaN in every f32, f16, bf16 and q8_0 scale */
+    for (int32_t j = 0; j < rows; j++)
+        typed_store(t, (char *)typed_row(tr, j), x + j * ld, d);
+}
+
+void typed_rows_free(typed_rows *tr)
+{
+    guard_free_bytes(tr->mem, tr->bytes, GUARD_AFTER);
+    free(tr->table);
 }
 
 void set_threads(int n)

@@ -65,17 +65,52 @@ typedef struct test_cache {
     mha_kv_cache c;
     float *kbuf, *vbuf; /* the allocations: CACHE_GUARD floats, the cache, CACHE_GUARD
                            floats; vbuf == kbuf for the latent cache */
-    size_t kn, vn;      /* floats of each allocation */
+    size_t kn, vn;      /* floats of each allocation (whatever the cache's type) */
+    int32_t *table;     /* a paged cache's block table, else NULL */
 } test_cache;
 #define CACHE_GUARD 16
-#define CACHE_FILL 0xff /* every byte of a fresh cache: a NaN in every float */
-/* 0 when the kind cannot hold these dims (latent with dv > dk); else the cache, every
-   byte CACHE_FILL (rows past the lengths, padding and guards included). */
+#define CACHE_FILL 0xff /* every byte of a fresh cache: NaN in every value of every type */
+/* 0 when the kind cannot hold these dims (latent with dv > dk); else the f32 cache,
+   every byte CACHE_FILL (rows past the lengths, padding and guards included). */
 int test_cache_init(test_cache *t, cache_kind kind, int32_t batch, int32_t kv_heads,
                     int32_t head_dim, int32_t v_head_dim, int32_t capacity);
-/* Random U(-1, 1) K and V in rows j < lens[b] (V after K where they alias). */
+/* The same of any dtype and io_dtype, paged when block_size > 0: the kind's layout
+   within each pool block of block_size rows, blocks in an order shuffled by r, two
+   spare blocks that no entry names. 0 also when q8_0 dims are not multiples of 32 or
+   block_size does not divide capacity. */
+int test_cache_init_as(test_cache *t, cache_kind kind, mha_dtype dtype, mha_dtype io_dtype,
+                       int32_t block_size, int32_t batch, int32_t kv_heads, int32_t head_dim,
+                       int32_t v_head_dim, int32_t capacity, rng *r);
+/* Random U(-1, 1) K and V in rows j < lens[b] (V after K where they alias), stored in
+   the cache's type. */
 void test_cache_fill(test_cache *t, rng *r, const int32_t *lens);
-float *cache_k_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j);
-float *cache_v_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j);
+/* Row j of sequence b, kv head g (through the block table of a paged cache). */
+void *cache_k_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j);
+void *cache_v_row(const mha_kv_cache *c, int32_t b, int32_t g, int32_t j);
 void test_cache_free(test_cache *t);
+
+/* The element types of mha.h, from the library's list: X(name, enum, bytes per
+   block, values per block, io). */
+#include "dtype.h"
+#define TEST_DTYPES(X) MHA_DTYPE_LIST(X)
+
+/* Rows of d values of type t (MHA_Q8_0: d a multiple of 32) stored from floats x[j*ld
+   + e], j < rows: contiguous at `stride` bytes (pad_units units of padding after each
+   row, NaN-filled), or paged when block_size > 0: pool blocks of block_size rows at
+   block_stride bytes, their order shuffled by a table (plus `spare` unused pool blocks
+   whose every byte is NaN-poisoned). The storage ends flush against a guard page. */
+typedef struct typed_rows {
+    mha_dtype t;
+    char *mem;
+    size_t bytes;
+    int64_t stride, block_stride;
+    int32_t *table; /* NULL: contiguous */
+    int32_t block_size, nblocks, rows;
+} typed_rows;
+void typed_rows_init(typed_rows *tr, mha_dtype t, const float *x, int64_t ld, int32_t rows,
+                     int32_t d, int32_t pad_units, int32_t block_size, int32_t spare, rng *r);
+const char *typed_row(const typed_rows *tr, int32_t j);
+void typed_rows_free(typed_rows *tr);
+/* dst (one row of type t) = the d floats x, converted as mha.h defines. */
+void typed_store(mha_dtype t, void *dst, const float *x, int32_t d);
 #endif

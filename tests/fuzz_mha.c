@@ -89,7 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sinks[0] = 20.0f;
     }
     const mha_layout layout = (mha_layout)(flags >> 7);
-    const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh, dv_field};
+    const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh, dv_field, MHA_F32};
     float *want = malloc(no * sizeof(float)), *got = malloc(no * sizeof(float));
     const float scale = (mods & 2 ? (float)(1 + mod_value % 4) : 1.0f) / sqrtf((float)dh);
 

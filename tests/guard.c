@@ -13,12 +13,12 @@ static size_t page(void)
 }
 
 /* Layout: guard page, data pages, guard page; the buffer sits at one end of the data. */
-static size_t data_bytes(size_t n)
+static size_t data_bytes(size_t bytes)
 {
-    return (n * sizeof(float) + page() - 1) / page() * page();
+    return (bytes + page() - 1) / page() * page();
 }
 
-float *guard_alloc(size_t n, guard_side side)
+void *guard_alloc_bytes(size_t n, guard_side side)
 {
     const size_t pg = page(), data = data_bytes(n ? n : 1);
     char *base = mmap(NULL, data + 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -32,12 +32,22 @@ float *guard_alloc(size_t n, guard_side side)
         exit(1);
     }
     char *start = base + pg;
-    return (float *)(side == GUARD_BEFORE ? start : start + data - n * sizeof(float));
+    return side == GUARD_BEFORE ? start : start + data - n;
+}
+
+void guard_free_bytes(void *p, size_t n, guard_side side)
+{
+    const size_t pg = page(), data = data_bytes(n ? n : 1);
+    char *start = side == GUARD_BEFORE ? (char *)p : (char *)p + n - data;
+    munmap(start - pg, data + 2 * pg);
+}
+
+float *guard_alloc(size_t n, guard_side side)
+{
+    return guard_alloc_bytes(n * sizeof(float), side);
 }
 
 void guard_free(float *p, size_t n, guard_side side)
 {
-    const size_t pg = page(), data = data_bytes(n ? n : 1);
-    char *start = side == GUARD_BEFORE ? (char *)p : (char *)p + n * sizeof(float) - data;
-    munmap(start - pg, data + 2 * pg);
+    guard_free_bytes(p, n * sizeof(float), side);
 }

@@ -11,5 +11,8 @@ typedef enum guard_side { GUARD_AFTER, GUARD_BEFORE } guard_side;
    page; never NULL (exits on failure). Free with guard_free. */
 float *guard_alloc(size_t n, guard_side side);
 void guard_free(float *p, size_t n, guard_side side);
+/* The same in bytes: reading one byte past the end (or before the start) crashes. */
+void *guard_alloc_bytes(size_t n, guard_side side);
+void guard_free_bytes(void *p, size_t n, guard_side side);
 
 #endif

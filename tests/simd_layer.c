@@ -1,6 +1,7 @@
 /* The array wrappers of simd_layer.h over one ISA's layer, named by MHA_SIMD_ISA
  * and included from MHA_SIMD_H; built with that ISA's flags (tests/meson.build). */
 #include MHA_SIMD_H
+#include "simd/convert.h"
 #include "simd/math.h"
 
 #include "simd_layer.h"
@@ -106,6 +107,27 @@ static uint32_t mask(int op, const int32_t *k, int32_t b, int32_t b2)
     return bits | (uint32_t)vm_all(m) << 30 | (uint32_t)vm_empty(m) << 31;
 }
 
+static void load16(int t, const uint16_t *p, float *y, int64_t n)
+{
+    if (t == MHA_F16)
+        simd_load_row(MHA_F16, y, p, n);
+    else
+        simd_load_row(MHA_BF16, y, p, n);
+}
+
+static void store16(int t, const float *x, uint16_t *p, int64_t n)
+{
+    if (t == MHA_F16)
+        simd_store_row(MHA_F16, p, x, n);
+    else
+        simd_store_row(MHA_BF16, p, x, n);
+}
+
+static void load_q8(const int8_t *p, float d, float *y)
+{
+    vf_storeu(y, vf_load_q8(p, vf_set1(d)));
+}
+
 static void prefetch(const void *p)
 {
     prefetch_l2(p);
@@ -122,5 +144,8 @@ const simd_layer_ops TABLE_NAME(MHA_SIMD_ISA) = {
     .transpose = transpose,
     .reduce_lanes = reduce_lanes,
     .mask = mask,
+    .load16 = load16,
+    .store16 = store16,
+    .load_q8 = load_q8,
     .prefetch = prefetch,
 };

@@ -31,6 +31,12 @@ typedef struct simd_layer_ops {
        as bit i = lane i (read through vf_select), bit 30 = vm_all(m), bit 31 =
        vm_empty(m). */
     uint32_t (*mask)(int op, const int32_t *k, int32_t b, int32_t b2);
+    /* The element types' conversions of the layer (simd/convert.h): n values of type
+       t (MHA_F16 or MHA_BF16) at p to floats y, floats x to n values of type t at p,
+       and VF_LANES int8 values times d. */
+    void (*load16)(int t, const uint16_t *p, float *y, int64_t n);
+    void (*store16)(int t, const float *x, uint16_t *p, int64_t n);
+    void (*load_q8)(const int8_t *p, float d, float *y);
     /* Touches the cache line of p (prefetch_l2): must not fault or change memory. */
     void (*prefetch)(const void *p);
 } simd_layer_ops;

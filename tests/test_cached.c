@@ -534,7 +534,7 @@ static void reference_self_check(void **state)
 {
     (void)state;
     rng r = {106};
-    const mha_attn_dims d = {2, 4, 2, 5, 9, 8, 6};
+    const mha_attn_dims d = {2, 4, 2, 5, 9, 8, 6, MHA_F32};
     const int64_t nq = 2 * 4 * 5 * 8, nk = 2 * 2 * 9 * 8, nv = 2 * 2 * 9 * 6, no = 2 * 4 * 5 * 6;
     float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nk, -1, 1);
     float *v = rand_floats(&r, nv, -1, 1);
@@ -558,7 +558,7 @@ static void reference_self_check(void **state)
 
     /* Two keys, dh 1, q 1, k {0, 2}, softcap 1: scores 0 and tanh 2; a sink of
        score ln 2 adds 2 to the denominator exp(0) + exp(tanh 2), not to lse. */
-    const mha_attn_dims two = {1, 1, 1, 1, 2, 1, 1};
+    const mha_attn_dims two = {1, 1, 1, 1, 2, 1, 1, MHA_F32};
     const float q1 = 1.0f, k2[2] = {0.0f, 2.0f}, v2[2] = {1.0f, 3.0f}, sink = logf(2.0f);
     const mha_mask capped = {.softcap = 1.0f}, sunk = {.softcap = 1.0f, .sinks = &sink};
     const double e1 = exp(tanh(2.0)), want = (1.0 + 3.0 * e1) / (1.0 + e1);

@@ -163,7 +163,7 @@ static void run_all(const inputs *in, outputs *o)
     const mha_mask causal = {.key_lens = in->kl, .causal = 1};
     o->failed |= mha_layer_forward(in->t.layer, in->x, in->x, in->x, in->B, in->S, in->S,
                                    &causal, o->layer, NULL, 0) != MHA_OK;
-    const mha_attn_dims d = {in->B, 4, 2, in->S, in->S, 64, 0};
+    const mha_attn_dims d = {in->B, 4, 2, in->S, in->S, 64, 0, MHA_F32};
     const mha_mask masks[4] = {
         {0},
         {.causal = 1},

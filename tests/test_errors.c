@@ -38,7 +38,7 @@ static void assert_untouched(void)
         assert_int_equal(((unsigned char *)out3)[i], CANARY);
 }
 
-static const mha_attn_dims good = {B, H, HKV, SQ, SKV, DH, 0};
+static const mha_attn_dims good = {B, H, HKV, SQ, SKV, DH, 0, MHA_F32};
 
 static void attention_bad_args(void **state)
 {
@@ -47,16 +47,16 @@ static void attention_bad_args(void **state)
         mha_attn_dims d;
         mha_status want;
     } dims[] = {
-        {{0, H, HKV, SQ, SKV, DH, 0}, MHA_ERR_SHAPE}, {{B, -1, HKV, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},
-        {{B, H, 0, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},   {{B, H, 3, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},
-        {{B, H, HKV, 0, SKV, DH, 0}, MHA_ERR_SHAPE},  {{B, H, HKV, SQ, -5, DH, 0}, MHA_ERR_SHAPE},
-        {{B, H, HKV, SQ, SKV, 0, 0}, MHA_ERR_SHAPE},  {{B, 2, 4, SQ, SKV, DH, 0}, MHA_ERR_SHAPE},
-        {{B, H, HKV, SQ, SKV, DH, -1}, MHA_ERR_SHAPE},
-        {{B, H, HKV, SQ, SKV, DH, INT32_MIN}, MHA_ERR_SHAPE},
-        {{INT32_MAX, INT32_MAX, 1, INT32_MAX, 1, INT32_MAX, 0}, MHA_ERR_SHAPE},
-        {{1 << 21, 1, 1, 1 << 21, 1 << 21, 1, 0}, MHA_ERR_SHAPE},
-        {{INT32_MAX, INT32_MAX, 1, 1, 1, 1, INT32_MAX}, MHA_ERR_SHAPE}, /* out, dv wide */
-        {{1 << 21, 1, 1, 1, 1 << 21, 1, 1 << 21}, MHA_ERR_SHAPE},        /* v, dv wide */
+        {{0, H, HKV, SQ, SKV, DH, 0, MHA_F32}, MHA_ERR_SHAPE}, {{B, -1, HKV, SQ, SKV, DH, 0, MHA_F32}, MHA_ERR_SHAPE},
+        {{B, H, 0, SQ, SKV, DH, 0, MHA_F32}, MHA_ERR_SHAPE},   {{B, H, 3, SQ, SKV, DH, 0, MHA_F32}, MHA_ERR_SHAPE},
+        {{B, H, HKV, 0, SKV, DH, 0, MHA_F32}, MHA_ERR_SHAPE},  {{B, H, HKV, SQ, -5, DH, 0, MHA_F32}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, 0, 0, MHA_F32}, MHA_ERR_SHAPE},  {{B, 2, 4, SQ, SKV, DH, 0, MHA_F32}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, DH, -1, MHA_F32}, MHA_ERR_SHAPE},
+        {{B, H, HKV, SQ, SKV, DH, INT32_MIN, MHA_F32}, MHA_ERR_SHAPE},
+        {{INT32_MAX, INT32_MAX, 1, INT32_MAX, 1, INT32_MAX, 0, MHA_F32}, MHA_ERR_SHAPE},
+        {{1 << 21, 1, 1, 1 << 21, 1 << 21, 1, 0, MHA_F32}, MHA_ERR_SHAPE},
+        {{INT32_MAX, INT32_MAX, 1, 1, 1, 1, INT32_MAX, MHA_F32}, MHA_ERR_SHAPE}, /* out, dv wide */
+        {{1 << 21, 1, 1, 1, 1 << 21, 1, 1 << 21, MHA_F32}, MHA_ERR_SHAPE},        /* v, dv wide */
     };
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         fill_canary();

@@ -24,9 +24,9 @@ static void attention_guarded(void **state)
 {
     (void)state;
     rng r = {31};
-    const mha_attn_dims shapes[] = {{1, 1, 1, 1, 1, 1, 0},    {1, 2, 1, 7, 33, 20, 0},
-                                    {2, 3, 3, 13, 17, 8, 0},  {1, 2, 2, 5, 70, 80, 0},
-                                    {1, 1, 1, 33, 65, 128, 0}, {1, 4, 2, 3, 9, 3, 0}};
+    const mha_attn_dims shapes[] = {{1, 1, 1, 1, 1, 1, 0, MHA_F32},    {1, 2, 1, 7, 33, 20, 0, MHA_F32},
+                                    {2, 3, 3, 13, 17, 8, 0, MHA_F32},  {1, 2, 2, 5, 70, 80, 0, MHA_F32},
+                                    {1, 1, 1, 33, 65, 128, 0, MHA_F32}, {1, 4, 2, 3, 9, 3, 0, MHA_F32}};
     for (int side = 0; side < 2; side++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             const mha_attn_dims d = shapes[s];

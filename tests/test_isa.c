@@ -116,7 +116,7 @@ static void attention_kv_tails(void **state)
             for (size_t qi = 0; qi < 3 && !skip_quick(skv); qi++) {
                 /* dv = dh for Sq 1 and 33, v_head_dims[di] for Sq 5 */
                 const int32_t dv = qi == 1 ? v_head_dims[di] : 0;
-                const mha_attn_dims d = {1, 2, 1, seq_qs[qi], skv, head_dims[di], dv};
+                const mha_attn_dims d = {1, 2, 1, seq_qs[qi], skv, head_dims[di], dv, MHA_F32};
                 const mha_mask causal = {.causal = 1};
                 const mha_mask *mask = (skv + (int32_t)qi) % 2 ? &causal : NULL;
                 double worst = attention_ratio(&d, &r, mask, (mha_layout)(skv % 2));
@@ -130,10 +130,10 @@ static void attention_masks(void **state)
 {
     (void)state;
     rng r = {13};
-    const mha_attn_dims shapes[] = {{2, 4, 2, 37, 45, 64, 0},   {3, 3, 3, 6, 70, 20, 0},
-                                    {1, 8, 1, 65, 33, 80, 0},   {2, 2, 1, 1, 129, 128, 0},
-                                    {2, 4, 1, 17, 75, 192, 128}, {1, 8, 2, 9, 70, 7, 65},
-                                    {3, 2, 2, 33, 20, 64, 96},  {1, 4, 4, 100, 145, 65, 1}};
+    const mha_attn_dims shapes[] = {{2, 4, 2, 37, 45, 64, 0, MHA_F32},   {3, 3, 3, 6, 70, 20, 0, MHA_F32},
+                                    {1, 8, 1, 65, 33, 80, 0, MHA_F32},   {2, 2, 1, 1, 129, 128, 0, MHA_F32},
+                                    {2, 4, 1, 17, 75, 192, 128, MHA_F32}, {1, 8, 2, 9, 70, 7, 65, MHA_F32},
+                                    {3, 2, 2, 33, 20, 64, 96, MHA_F32},  {1, 4, 4, 100, 145, 65, 1, MHA_F32}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const mha_attn_dims d = shapes[s];
         int32_t kl[3], *qkl = malloc(sizeof(int32_t) * d.batch * d.seq_q);
@@ -172,8 +172,8 @@ static void attention_long(void **state)
 {
     (void)state;
     rng r = {14};
-    const mha_attn_dims d = {1, 2, 1, 40, quick ? 1025 : 4096, 64, 0};
-    const mha_attn_dims dv = {1, 2, 1, 40, quick ? 1025 : 4096, 192, 128};
+    const mha_attn_dims d = {1, 2, 1, 40, quick ? 1025 : 4096, 64, 0, MHA_F32};
+    const mha_attn_dims dv = {1, 2, 1, 40, quick ? 1025 : 4096, 192, 128, MHA_F32};
     const mha_mask causal = {.causal = 1};
     assert_true(attention_ratio(&d, &r, NULL, MHA_LAYOUT_BHSD) <= 1.0);
     assert_true(attention_ratio(&d, &r, &causal, MHA_LAYOUT_BSHD) <= 1.0);

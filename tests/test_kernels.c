@@ -7,8 +7,12 @@
  *               tails, padded strides, key ranges (full, lengths, causal,
  *               windows, empty rows), softcap, bias with -INFINITY, ALiBi,
  *               sinks, lse, and NaN in K or V where some rows see it and others
- *               do not; K and V rows outside every range are NaN, so reading
- *               one shows;
+ *               do not; K and V of every element type, contiguous or through a
+ *               block table (block sizes 1 to 97, blocks shuffled); K and V rows
+ *               outside every range are NaN, so reading one shows, and the
+ *               storage ends against a guard page (a tail read 2 bytes too far
+ *               crashes);
+ *   convert     every pair of types, every length up to 3 vectors, special values;
  *   transpose   matrix shapes and element widths up to the tile bound.
  * A new ISA gets all of it by its line in the ISA list. */
 #include <math.h>
@@ -81,15 +85,25 @@ typedef struct attn_case {
                       ending at seq_kv (only kv_begin hides) */
     int modifiers; /* bits: 1 softcap, 2 bias, 4 alibi, 8 sink, 16 lse */
     int poison;    /* 0 none, 1 NaN in a K row, 2 NaN in a V row, 3 Inf in a V row */
+    mha_dtype kv_type;
+    int32_t block_size; /* 0: K and V rows contiguous */
 } attn_case;
 
 typedef struct attn_bufs {
     mha_attn_block blk;
     float *q, *k, *v, *bias, *out, *lse, *slope, *sink;
+    typed_rows kt, vt;
     int32_t *kb, *ke, *pos;
     size_t nq, nk, nv, nbias, nout;
     void *scratch;
 } attn_bufs;
+
+/* The block's view of typed rows. */
+static mha_rows rows_of(const typed_rows *tr)
+{
+    return (mha_rows){.base = tr->mem, .stride = tr->stride, .block_stride = tr->block_stride,
+                      .table = tr->table, .block_size = tr->block_size};
+}
 
 /* Row r's element offset in a tensor of the block's row and group strides. */
 static int64_t row_at(const mha_attn_block *b, int32_t r, int64_t stride, int64_t group_stride)
@@ -104,15 +118,15 @@ static void case_build(const attn_case *c, rng *r, attn_bufs *a)
     const int32_t R = c->rows, G = c->group_rows, groups = R / G, S = c->seq_kv;
     b->rows = R, b->group_rows = G, b->seq_kv = S, b->dk = c->dk, b->dv = c->dv;
     b->q_stride = c->dk + 3, b->q_group_stride = G * b->q_stride + 5;
-    b->k_stride = c->dk + (c->dk % 2 ? 0 : 4), b->v_stride = c->dv + 1;
+    const int64_t kld = c->dk + 1, vld = c->dv + 1; /* the f32 values, before storage */
     b->out_stride = c->dv + 2, b->out_group_stride = G * b->out_stride + 1;
     b->scale = 1.0f / sqrtf((float)c->dk);
     a->nq = (size_t)(groups * b->q_group_stride);
-    a->nk = (size_t)(S * b->k_stride), a->nv = (size_t)(S * b->v_stride);
+    a->nk = (size_t)(S * kld), a->nv = (size_t)(S * vld);
     a->nout = (size_t)(groups * b->out_group_stride);
     a->q = guard_alloc(a->nq, GUARD_AFTER);
-    a->k = guard_alloc(a->nk, GUARD_AFTER);
-    a->v = guard_alloc(a->nv, GUARD_AFTER);
+    a->k = malloc(sizeof(float) * a->nk);
+    a->v = malloc(sizeof(float) * a->nv);
     a->out = guard_alloc(a->nout, GUARD_AFTER);
     for (size_t i = 0; i < a->nq; i++) /* padding NaN: reading past dk shows */
         a->q[i] = (int64_t)(i % (size_t)b->q_group_stride) < G * b->q_stride
@@ -144,19 +158,26 @@ static void case_build(const attn_case *c, rng *r, attn_bufs *a)
        into a row shows. */
     for (int32_t j = 0; j < S; j++) {
         const int seen = j >= lo && j < hi;
-        for (int32_t d = 0; d < b->k_stride; d++)
-            a->k[j * b->k_stride + d] = seen && d < c->dk ? rng_uniform(r, -1.0f, 1.0f) : NAN;
-        for (int32_t d = 0; d < b->v_stride; d++)
-            a->v[j * b->v_stride + d] = seen && d < c->dv ? rng_uniform(r, -1.0f, 1.0f) : NAN;
+        for (int32_t d = 0; d < kld; d++)
+            a->k[j * kld + d] = seen && d < c->dk ? rng_uniform(r, -1.0f, 1.0f) : NAN;
+        for (int32_t d = 0; d < vld; d++)
+            a->v[j * vld + d] = seen && d < c->dv ? rng_uniform(r, -1.0f, 1.0f) : NAN;
     }
     if (c->poison && hi > lo) {
         const int32_t j = lo + (hi - lo) / 2;
         if (c->poison == 1)
-            a->k[j * b->k_stride] = NAN;
+            a->k[j * kld] = NAN;
         else
-            a->v[j * b->v_stride + b->dv - 1] = c->poison == 2 ? NAN : INFINITY;
+            a->v[j * vld + b->dv - 1] = c->poison == 2 ? NAN : INFINITY;
     }
-    b->q = a->q, b->k = a->k, b->v = a->v, b->out = a->out;
+    /* Padding of a unit after each K row (none on V), stored typed, the storage
+       flush against a guard page; paged with two spare poisoned blocks. */
+    typed_rows_init(&a->kt, c->kv_type, a->k, kld, S, c->dk, 1, c->block_size, 2, r);
+    typed_rows_init(&a->vt, c->kv_type, a->v, vld, S, c->dv, 0, c->block_size, 2, r);
+    if (c->block_size) /* one table for K and V, as a cache has */
+        memcpy(a->vt.table, a->kt.table, sizeof(int32_t) * (size_t)((S + c->block_size - 1) / c->block_size));
+    b->q = a->q, b->out = a->out;
+    b->k = rows_of(&a->kt), b->v = rows_of(&a->vt), b->kv_type = c->kv_type;
     b->kv_begin = c->range == 3 || c->range == 5 ? a->kb : NULL;
     b->kv_end = a->ke;
     if (c->modifiers & 1)
@@ -191,8 +212,8 @@ static void case_build(const attn_case *c, rng *r, attn_bufs *a)
 static void case_free(attn_bufs *a)
 {
     guard_free(a->q, a->nq, GUARD_AFTER);
-    guard_free(a->k, a->nk, GUARD_AFTER);
-    guard_free(a->v, a->nv, GUARD_AFTER);
+    free(a->k), free(a->v);
+    typed_rows_free(&a->kt), typed_rows_free(&a->vt);
     guard_free(a->out, a->nout, GUARD_AFTER);
     if (a->bias)
         guard_free(a->bias, a->nbias, GUARD_AFTER);
@@ -229,6 +250,13 @@ static int32_t attn_cases(attn_case *cs, int32_t max)
                                         47, 48, 49, 64, 95, 96, 128, 200, 256};
     static const int32_t seq_list[] = {1, 5, 71, 72, 73, 145, 300};
     static const int32_t dk_list[] = {1, 7, 8, 16, 33, 64, 65, 128};
+    static const int32_t dk_q8[] = {32, 64, 96, 128, 32, 64, 160, 128};
+    static const mha_dtype types[] = {
+#define TYPE_ENTRY_(name, value, bytes, values, io) value,
+        TEST_DTYPES(TYPE_ENTRY_)
+#undef TYPE_ENTRY_
+    };
+    static const int32_t block_sizes[] = {0, 0, 1, 7, 16, 97};
     rng r = {17};
     int32_t n = 0;
     const int32_t B = T->attn_block_rows;
@@ -241,8 +269,11 @@ static int32_t attn_cases(attn_case *cs, int32_t max)
             for (int trial = 0; trial < (quick() ? 2 : 6) && n < max; trial++) {
                 attn_case c = {.rows = rows, .group_rows = divisors[gi]};
                 c.seq_kv = seq_list[(size_t)rng_uniform(&r, 0.0f, 6.99f)];
-                c.dk = dk_list[(size_t)rng_uniform(&r, 0.0f, 7.99f)];
-                c.dv = trial % 2 ? dk_list[(size_t)rng_uniform(&r, 0.0f, 7.99f)] : c.dk;
+                c.kv_type = types[(size_t)n % (sizeof types / sizeof *types)];
+                const int32_t *dks = c.kv_type == MHA_Q8_0 ? dk_q8 : dk_list;
+                c.dk = dks[(size_t)rng_uniform(&r, 0.0f, 7.99f)];
+                c.dv = trial % 2 ? dks[(size_t)rng_uniform(&r, 0.0f, 7.99f)] : c.dk;
+                c.block_size = block_sizes[(size_t)(n / 4) % (sizeof block_sizes / sizeof *block_sizes)];
                 c.range = (trial + gi + (int)ri) % 6;
                 c.modifiers = (int)rng_uniform(&r, 0.0f, 31.99f);
                 c.poison = trial % 4 == 3 ? 1 + (int)rng_uniform(&r, 0.0f, 2.99f) : 0;
@@ -275,9 +306,9 @@ static void attn_block_edges(void **state)
         worst = fmax(worst, fmax(e, el));
         if (!(e <= 1.0 && el <= 1.0))
             fail_msg("attn_block rows %d group_rows %d seq_kv %d dk %d dv %d range %d "
-                     "modifiers %d poison %d: %g x tolerance (lse %g)",
+                     "modifiers %d poison %d %s block_size %d: %g x tolerance (lse %g)",
                      c->rows, c->group_rows, c->seq_kv, c->dk, c->dv, c->range, c->modifiers,
-                     c->poison, e, el);
+                     c->poison, mha_dtype_name(c->kv_type), c->block_size, e, el);
         free(got), free(want), free(lse_got), free(lse_want);
         case_free(&a);
     }
@@ -312,6 +343,50 @@ static void transpose_edges(void **state)
             }
 }
 
+/* convert from every type to every io type, every length up to three vectors (q8_0:
+   whole blocks), values with every rounding class (ties, overflow, subnormals, NaN
+   with payloads), against the scalar table bit for bit, writing nothing past n. */
+static void convert_edges(void **state)
+{
+    (void)state;
+    enum { N = 200, CANARY = 16 };
+    static const mha_dtype types[] = {
+#define TYPE_ENTRY_(name, value, bytes, values, io) value,
+        TEST_DTYPES(TYPE_ENTRY_)
+#undef TYPE_ENTRY_
+    };
+    rng r = {31};
+    float x[N];
+    for (int i = 0; i < N; i++) {
+        const uint32_t u = (uint32_t)(rng_uniform(&r, 0.0f, 1.0f) * 4294967040.0f);
+        float f;
+        memcpy(&f, &u, 4);
+        x[i] = i % 3 == 0 ? f : rng_uniform(&r, -70000.0f, 70000.0f) * (i % 7 ? 1.0f : 1e-7f);
+    }
+    const int nt = (int)(sizeof types / sizeof *types);
+    for (int fi = 0; fi < nt; fi++) {
+        const mha_dtype from = types[fi];
+        char src[N * 4];
+        typed_store(from, src, x, from == MHA_Q8_0 ? N / 32 * 32 : N);
+        for (int ti = 0; ti < nt; ti++) {
+            const mha_dtype to = types[ti];
+            if (!mha_dtype_valid(to, 1))
+                continue;
+            for (int n = 0; n <= (from == MHA_Q8_0 ? 96 : 3 * 16 + 5); n += from == MHA_Q8_0 ? 32 : 1) {
+                const size_t bytes = (size_t)mha_row_bytes(to, n);
+                char *got = guard_alloc_bytes(bytes + CANARY, GUARD_AFTER), want[N * 4 + CANARY];
+                memset(got, 0x5a, bytes + CANARY);
+                memset(want, 0x5a, bytes + CANARY);
+                T->convert(to, got, from, src, n);
+                mha_kernels_scalar.convert(to, want, from, src, n);
+                if (memcmp(got, want, bytes + CANARY))
+                    fail_msg("convert %s to %s, n %d", mha_dtype_name(from), mha_dtype_name(to), n);
+                guard_free_bytes(got, bytes + CANARY, GUARD_AFTER);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     require_env_isa();
@@ -320,6 +395,7 @@ int main(void)
         cmocka_unit_test(gemm_tile_edges),
         cmocka_unit_test(attn_block_edges),
         cmocka_unit_test(transpose_edges),
+        cmocka_unit_test(convert_edges),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

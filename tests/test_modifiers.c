@@ -383,12 +383,12 @@ static void sweep_plain(rng *r, const mha_attn_dims *d, int *turn)
    above dk, seq_q above seq_kv (rows before key 0), decode; and few (b, kv head)
    pairs over > 512 keys, which cuts the keys into chunks. */
 static const mha_attn_dims plain_shapes[] = {
-    {2, 4, 2, 37, 150, 64, 0}, {3, 3, 3, 6, 73, 20, 0},      {1, 8, 1, 65, 33, 80, 96},
-    {2, 4, 1, 17, 145, 192, 128}, {2, 2, 1, 1, 129, 128, 0}, {1, 4, 4, 100, 200, 65, 7},
+    {2, 4, 2, 37, 150, 64, 0, MHA_F32}, {3, 3, 3, 6, 73, 20, 0, MHA_F32},      {1, 8, 1, 65, 33, 80, 96, MHA_F32},
+    {2, 4, 1, 17, 145, 192, 128, MHA_F32}, {2, 2, 1, 1, 129, 128, 0, MHA_F32}, {1, 4, 4, 100, 200, 65, 7, MHA_F32},
 };
 static const mha_attn_dims plain_split[] = {
-    {1, 2, 1, 1, 600, 16, 0}, /* two chunks, small enough for MHA_TEST_QUICK */
-    {1, 2, 1, 3, 3000, 64, 32}, {1, 8, 2, 1, 2100, 128, 0}, {2, 4, 1, 1, 1000, 80, 96},
+    {1, 2, 1, 1, 600, 16, 0, MHA_F32}, /* two chunks, small enough for MHA_TEST_QUICK */
+    {1, 2, 1, 3, 3000, 64, 32, MHA_F32}, {1, 8, 2, 1, 2100, 128, 0, MHA_F32}, {2, 4, 1, 1, 1000, 80, 96, MHA_F32},
 };
 
 static int too_big_plain(const mha_attn_dims *d, double flops)
@@ -596,7 +596,7 @@ static void empty_windows(void **state)
 {
     (void)state;
     rng r = {305};
-    const mha_attn_dims d = {2, 4, 2, 20, 100, 32, 16};
+    const mha_attn_dims d = {2, 4, 2, 20, 100, 32, 16, MHA_F32};
     const plain p = plain_of(&d);
     float *q = rand_floats(&r, p.nq, -1, 1), *k = rand_floats(&r, p.nk, -1, 1);
     float *v = rand_floats(&r, p.nv, -1, 1);
@@ -657,7 +657,7 @@ static void alibi_far_keys(void **state)
 {
     (void)state;
     rng r = {309};
-    const mha_attn_dims d = {1, 8, 1, 4, 20000, 64, 0};
+    const mha_attn_dims d = {1, 8, 1, 4, 20000, 64, 0, MHA_F32};
     const plain p = plain_of(&d);
     float *q = rand_floats(&r, p.nq, -1, 1), *k = rand_floats(&r, p.nk, -1, 1);
     float *v = rand_floats(&r, p.nv, -1, 1);
@@ -686,7 +686,7 @@ static void long_window(void **state)
 {
     (void)state;
     rng r = {306};
-    const mha_attn_dims d = {2, 4, 2, 30, 150, 64, 48};
+    const mha_attn_dims d = {2, 4, 2, 30, 150, 64, 48, MHA_F32};
     const plain p = plain_of(&d);
     float *q = rand_floats(&r, p.nq, -1, 1), *k = rand_floats(&r, p.nk, -1, 1);
     float *v = rand_floats(&r, p.nv, -1, 1);
@@ -799,8 +799,8 @@ static void threads_bitwise(void **state)
 {
     (void)state;
     rng r = {308};
-    const mha_attn_dims dims[] = {{2, 4, 1, 100, 300, 64, 0}, {1, 8, 2, 1, 6000, 128, 0},
-                                  {1, 4, 1, 3, 3000, 192, 128}};
+    const mha_attn_dims dims[] = {{2, 4, 1, 100, 300, 64, 0, MHA_F32}, {1, 8, 2, 1, 6000, 128, 0, MHA_F32},
+                                  {1, 4, 1, 3, 3000, 192, 128, MHA_F32}};
     const shape shapes[] = {{2, 8, 2, 64, 64, 300, 1, {300, 123}},
                             {1, 8, 1, 128, 128, 20000, 1, {19999}},
                             {1, 4, 1, 64, 64, 3000, 3, {3000}},

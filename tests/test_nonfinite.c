@@ -47,7 +47,7 @@ static void hidden_keys_never_read(void **state)
 {
     (void)state;
     rng r = {52};
-    const mha_attn_dims d = {B, H, 2, S, 45, DH, 0};
+    const mha_attn_dims d = {B, H, 2, S, 45, DH, 0, MHA_F32};
     const int64_t nq = (int64_t)B * H * S * DH, nkv = (int64_t)B * 2 * 45 * DH;
     float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nkv, -1, 1);
     float *v = rand_floats(&r, nkv, -1, 1);
@@ -85,7 +85,7 @@ static void masking_creates_no_nan(void **state)
 {
     (void)state;
     rng r = {53};
-    const mha_attn_dims d = {2, 2, 2, 9, 33, 16, 0};
+    const mha_attn_dims d = {2, 2, 2, 9, 33, 16, 0, MHA_F32};
     const int64_t nq = 2 * 2 * 9 * 16, nkv = 2 * 2 * 33 * 16;
     float *q = rand_floats(&r, nq, -1e3f, 1e3f), *k = rand_floats(&r, nkv, -1e3f, 1e3f);
     float *v = rand_floats(&r, nkv, -1, 1), *out = malloc(sizeof(float) * nq);
@@ -121,7 +121,7 @@ static void rule_row_by_row(void **state)
 {
     (void)state;
     enum { S2 = 24, D2 = 20 };
-    const mha_attn_dims d = {1, 2, 1, S2, S2, D2, 0};
+    const mha_attn_dims d = {1, 2, 1, S2, S2, D2, 0, MHA_F32};
     const int64_t nq = 2 * S2 * D2, nkv = S2 * D2;
     float *bias = filled_floats(2 * S2 * S2, 0.0f);
     for (int h = 0; h < 2; h++)

@@ -24,7 +24,7 @@ static double tol(void)
 static void two_key_softmax(void **state)
 {
     (void)state;
-    const mha_attn_dims d = {1, 1, 1, 1, 2, 1, 0};
+    const mha_attn_dims d = {1, 1, 1, 1, 2, 1, 0, MHA_F32};
     const float q = 1.0f, k[2] = {0.0f, logf(3.0f)}, v[2] = {10.0f, 20.0f};
     float out = -1.0f;
     assert_int_equal(mha_attention(&d, &q, k, v, 1.0f, NULL, &out, MHA_LAYOUT_BHSD), MHA_OK);
@@ -36,7 +36,7 @@ static void two_key_softmax(void **state)
 static void masks_leaving_one_key(void **state)
 {
     (void)state;
-    const mha_attn_dims d = {1, 2, 2, 2, 3, 2, 0};
+    const mha_attn_dims d = {1, 2, 2, 2, 3, 2, 0, MHA_F32};
     rng r = {1};
     float *q = rand_floats(&r, 8, -1, 1), *k = rand_floats(&r, 12, -1, 1);
     float *v = rand_floats(&r, 12, -1, 1);
@@ -66,7 +66,7 @@ static void masks_leaving_one_key(void **state)
 static void fully_masked_rows_are_zero(void **state)
 {
     (void)state;
-    const mha_attn_dims d = {2, 1, 1, 5, 3, 4, 0};
+    const mha_attn_dims d = {2, 1, 1, 5, 3, 4, 0, MHA_F32};
     rng r = {2};
     float *q = rand_floats(&r, 40, -1, 1), *k = rand_floats(&r, 24, -1, 1);
     float *v = rand_floats(&r, 24, -1, 1);
@@ -102,9 +102,9 @@ static void attention_vs_float64(void **state)
     (void)state;
     rng r = {3};
     const mha_attn_dims shapes[] = {
-        {2, 4, 4, 7, 9, 20, 0},      {1, 4, 2, 33, 70, 64, 0},   {3, 6, 1, 5, 5, 8, 0},
-        {1, 2, 2, 17, 130, 80, 0},   {2, 4, 2, 7, 9, 20, 12},    {1, 4, 1, 33, 70, 64, 96},
-        {1, 2, 2, 17, 130, 65, 7},   {2, 3, 3, 5, 75, 1, 17},    {1, 8, 2, 3, 40, 192, 128},
+        {2, 4, 4, 7, 9, 20, 0, MHA_F32},      {1, 4, 2, 33, 70, 64, 0, MHA_F32},   {3, 6, 1, 5, 5, 8, 0, MHA_F32},
+        {1, 2, 2, 17, 130, 80, 0, MHA_F32},   {2, 4, 2, 7, 9, 20, 12, MHA_F32},    {1, 4, 1, 33, 70, 64, 96, MHA_F32},
+        {1, 2, 2, 17, 130, 65, 7, MHA_F32},   {2, 3, 3, 5, 75, 1, 17, MHA_F32},    {1, 8, 2, 3, 40, 192, 128, MHA_F32},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const mha_attn_dims d = shapes[s];

@@ -6,7 +6,13 @@
  * simd/math.h states: exp over every n-th float in [-87.3, 0], tanh over every n-th
  * float in [-20, 20] (n = 97, or 9973 with MHA_TEST_QUICK), plus every float
  * within 4096 ulp of tanh's switch point and the special values. When the CPU
- * has several SIMD ISAs, their exp and tanh must agree bit for bit. */
+ * has several SIMD ISAs, their exp and tanh must agree bit for bit. The element
+ * types' conversions: every one of the 65536 binary16 and bfloat16 patterns to
+ * f32 against a decoding written here from the fields, and floats of every
+ * rounding class (ties both ways, the largest finite and overflow, subnormals,
+ * zeros, NaN payloads) to 16 bits against the scalar conversions of
+ * kernels/dtype.h and against values worked out by hand, bit for bit, with every
+ * tail length; int8 times a scale. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +25,7 @@
 #include <cmocka.h>
 
 #include "common.h"
+#include "dtype.h"
 #include "guard.h"
 #include "simd_layer.h"
 
@@ -313,6 +320,126 @@ static void tanh_ulp_bound(void **state)
     assert_true(out[5] == 1e-40f && out[6] == -1e-40f);
 }
 
+/* binary16 and bfloat16 to binary32 from their fields; NaN quieted (bit 22),
+   payload kept in the leading bits. */
+static uint32_t half_bits(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f)
+        return sign | 0x7f800000u | (m ? 0x400000u | m << 13 : 0);
+    if (e == 0)
+        return sign | to_bits(ldexpf((float)m, -24));
+    return sign | (e + 112) << 23 | m << 13;
+}
+
+static void sixteen_bit_loads(void **state)
+{
+    (void)state;
+    enum { N = 65536 };
+    uint16_t *h = malloc(sizeof(uint16_t) * N);
+    float *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++)
+        h[i] = (uint16_t)i;
+    L->load16(MHA_F16, h, y, N);
+    for (int i = 0; i < N; i++)
+        if (to_bits(y[i]) != half_bits((uint16_t)i))
+            fail_msg("f16 0x%04x to f32: 0x%08x, want 0x%08x", i, to_bits(y[i]), half_bits((uint16_t)i));
+    L->load16(MHA_BF16, h, y, N);
+    for (int i = 0; i < N; i++)
+        if (to_bits(y[i]) != (uint32_t)i << 16)
+            fail_msg("bf16 0x%04x to f32: 0x%08x", i, to_bits(y[i]));
+    for (int n = 0; n <= 3 * L->lanes; n++) { /* tails: nothing past n is read or written */
+        float *yg = guard_alloc((size_t)(n ? n : 1), GUARD_AFTER);
+        uint16_t *hg = guard_alloc_bytes((size_t)n * 2, GUARD_AFTER);
+        memcpy(hg, h + 1000, (size_t)n * 2);
+        L->load16(MHA_F16, hg, yg + (n ? 0 : 1), n);
+        for (int i = 0; i < n; i++)
+            assert_true(to_bits(yg[i]) == half_bits((uint16_t)(1000 + i)));
+        guard_free_bytes(hg, (size_t)n * 2, GUARD_AFTER);
+        guard_free(yg, (size_t)(n ? n : 1), GUARD_AFTER);
+    }
+    free(h);
+    free(y);
+}
+
+static void sixteen_bit_stores(void **state)
+{
+    (void)state;
+    /* Values with their f16 and bf16 bits worked out by hand. */
+    static const struct {
+        uint32_t x;
+        uint16_t f16, bf16;
+    } cases[] = {
+        {0x3f800000, 0x3c00, 0x3f80}, /* 1 */
+        {0x3f801000, 0x3c00, 0x3f80}, /* 1 + 2^-11: f16 tie to even (down) */
+        {0x3f803000, 0x3c02, 0x3f80}, /* 1 + 3*2^-11: f16 tie to even (up) */
+        {0x3f808000, 0x3c04, 0x3f80}, /* 1 + 2^-8: bf16 tie to even (down) */
+        {0x3f818000, 0x3c0c, 0x3f82}, /* 1 + 3*2^-8: bf16 tie to even (up) */
+        {0x477fe000, 0x7bff, 0x4780}, /* 65504, the largest f16 */
+        {0x477fefff, 0x7bff, 0x4780}, /* just below the overflow tie */
+        {0x477ff000, 0x7c00, 0x4780}, /* 65520: f16 overflow by rounding */
+        {0x7f7fffff, 0x7c00, 0x7f80}, /* FLT_MAX: f16 Inf, bf16 rounds to Inf */
+        {0x7f800000, 0x7c00, 0x7f80}, /* Inf */
+        {0xff800000, 0xfc00, 0xff80}, /* -Inf */
+        {0x33800000, 0x0001, 0x3380}, /* 2^-24, the smallest f16 subnormal */
+        {0x33000000, 0x0000, 0x3300}, /* 2^-25: tie to even, zero */
+        {0x33400000, 0x0001, 0x3340}, /* 3*2^-26: rounds up to 2^-24 */
+        {0x387fc000, 0x03ff, 0x3880}, /* the largest f16 subnormal */
+        {0x38800000, 0x0400, 0x3880}, /* 2^-14, the smallest f16 normal */
+        {0x00000001, 0x0000, 0x0000}, /* the smallest f32 subnormal */
+        {0x00400000, 0x0000, 0x0040}, /* an f32 subnormal, kept by bf16 */
+        {0x80000000, 0x8000, 0x8000}, /* -0 */
+        {0x7fc00000, 0x7e00, 0x7fc0}, /* quiet NaN */
+        {0x7f800001, 0x7e00, 0x7fc0}, /* signalling NaN, payload in low bits: quieted */
+        {0x7fa12345, 0x7f09, 0x7fe1}, /* signalling NaN, payload kept in the leading bits */
+        {0xffc00001, 0xfe00, 0xffc0}, /* negative NaN */
+    };
+    enum { NC = sizeof cases / sizeof *cases };
+    float x[NC];
+    uint16_t h[NC + 4], b[NC + 4];
+    for (int i = 0; i < NC; i++)
+        x[i] = from_bits(cases[i].x);
+    for (int n = 0; n <= NC; n++) { /* every tail; canaries after n */
+        for (int i = 0; i < NC + 4; i++)
+            h[i] = b[i] = 0xabcd;
+        L->store16(MHA_F16, x, h, n);
+        L->store16(MHA_BF16, x, b, n);
+        for (int i = 0; i < n; i++) {
+            if (h[i] != cases[i].f16 || h[i] != mha_f32_to_f16(x[i]))
+                fail_msg("f32 0x%08x to f16: 0x%04x, want 0x%04x", cases[i].x, h[i], cases[i].f16);
+            if (b[i] != cases[i].bf16 || b[i] != mha_f32_to_bf16(x[i]))
+                fail_msg("f32 0x%08x to bf16: 0x%04x, want 0x%04x", cases[i].x, b[i], cases[i].bf16);
+        }
+        for (int i = n; i < NC + 4; i++)
+            assert_true(h[i] == 0xabcd && b[i] == 0xabcd);
+    }
+    /* Random floats of every magnitude, against the scalar conversions. */
+    rng r = {77};
+    enum { NR = 100003 };
+    float *xr = malloc(sizeof(float) * NR);
+    uint16_t *hr = malloc(sizeof(uint16_t) * NR);
+    for (int i = 0; i < NR; i++)
+        xr[i] = from_bits((uint32_t)(rng_uniform(&r, 0.0f, 1.0f) * 4294967040.0f) ^ (uint32_t)i);
+    for (int t = 0; t < 2; t++) {
+        L->store16(t ? MHA_BF16 : MHA_F16, xr, hr, NR);
+        for (int i = 0; i < NR; i++) {
+            const uint16_t want = t ? mha_f32_to_bf16(xr[i]) : mha_f32_to_f16(xr[i]);
+            if (hr[i] != want)
+                fail_msg("%s of 0x%08x: 0x%04x, scalar 0x%04x", t ? "bf16" : "f16", to_bits(xr[i]),
+                         hr[i], want);
+        }
+    }
+    free(xr);
+    free(hr);
+    int8_t q[64];
+    float y[64];
+    for (int i = 0; i < 64; i++)
+        q[i] = (int8_t)(i * 37 - 128);
+    L->load_q8(q, 0.5f, y);
+    for (int i = 0; i < L->lanes; i++)
+        assert_true(y[i] == 0.5f * q[i]);
+}
+
 int main(void)
 {
     require_env_isa();
@@ -327,6 +454,7 @@ int main(void)
         cmocka_unit_test(arithmetic),    cmocka_unit_test(masked_tails),
         cmocka_unit_test(transpose_and_reduce), cmocka_unit_test(masks),
         cmocka_unit_test(exp_ulp_bound), cmocka_unit_test(tanh_ulp_bound),
+        cmocka_unit_test(sixteen_bit_loads), cmocka_unit_test(sixteen_bit_stores),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

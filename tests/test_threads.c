@@ -37,8 +37,8 @@ static void layer_and_attention(void **state)
         }
 
     /* Many blocks; then few blocks over many keys (cut into chunks), dv != dk. */
-    const mha_attn_dims dims[] = {{2, 4, 1, 100, 300, 64, 0}, {1, 8, 2, 1, 6000, 128, 0},
-                                  {1, 4, 1, 3, 3000, 192, 128}};
+    const mha_attn_dims dims[] = {{2, 4, 1, 100, 300, 64, 0, MHA_F32}, {1, 8, 2, 1, 6000, 128, 0, MHA_F32},
+                                  {1, 4, 1, 3, 3000, 192, 128, MHA_F32}};
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
         const mha_attn_dims d = dims[di];
         const int32_t dv = d.v_head_dim ? d.v_head_dim : d.head_dim;

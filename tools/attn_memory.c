@@ -41,7 +41,7 @@ int main(int argc, char **argv)
             buf[i][j] = (float)((j * 2654435761u + (unsigned)i) % 2001) / 1000.0f - 1.0f;
     }
     const long before = peak_kib();
-    const mha_attn_dims d = {1, H, H, S, S, dh, 0};
+    const mha_attn_dims d = {1, H, H, S, S, dh, 0, MHA_F32};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const mha_mask causal = {.causal = 1};

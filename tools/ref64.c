@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void *xmalloc(size_t bytes)
 {
@@ -14,37 +15,92 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
-/* One query row of head h against keys j < end (lengths and causality applied by
-   the caller): K row j at k + j*k_stride (dk floats), V row j at v + j*v_stride
-   (dv floats), bias element j at bias[j] (bias NULL: none), pos = p(i). */
+/* binary16 and bfloat16 decoded from their fields, independently of the library. */
+static double half_value(uint16_t h)
+{
+    const int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    const double mag = e == 0x1f ? (m ? NAN : INFINITY)
+                       : e       ? ldexp(1024 + m, e - 25)
+                                 : ldexp(m, -24);
+    return sign ? -mag : mag;
+}
+
+static double bf16_value(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+double ref_value(mha_dtype t, const void *row, int64_t i)
+{
+    switch (t) {
+    case MHA_F16: return half_value(((const uint16_t *)row)[i]);
+    case MHA_BF16: return bf16_value(((const uint16_t *)row)[i]);
+    case MHA_Q8_0: {
+        const uint8_t *blk = (const uint8_t *)row + i / 32 * 34;
+        return half_value((uint16_t)(blk[0] | blk[1] << 8)) * (int8_t)blk[2 + i % 32];
+    }
+    default: return ((const float *)row)[i];
+    }
+}
+
+/* Bytes of one element (of a 32-value block for q8_0): the unit of strides. */
+static int64_t unit_bytes(mha_dtype t)
+{
+    return t == MHA_Q8_0 ? 34 : t == MHA_F32 ? 4 : 2;
+}
+
+/* A [B][H][S][d] tensor read through strides (in units), or a paged cache side. */
+typedef struct tensor {
+    const void *base;
+    mha_dtype t;
+    int64_t sb, sh, ss;
+    const int32_t *table; /* paged: [B][max_blocks] */
+    int32_t block_size, max_blocks;
+} tensor;
+
+static const void *row_of(const tensor *x, int32_t b, int32_t h, int32_t s)
+{
+    int64_t at = h * x->sh;
+    if (x->table)
+        at += x->table[(int64_t)b * x->max_blocks + s / x->block_size] * x->sb
+              + (int64_t)(s % x->block_size) * x->ss;
+    else
+        at += b * x->sb + (int64_t)s * x->ss;
+    return (const char *)x->base + at * unit_bytes(x->t);
+}
+
+/* One query row (its dk values q) of head h, kv head g of sequence b, against keys
+   begin <= j < end of k and v; bias row (NULL: none); pos = p(i). */
 typedef struct row_args {
-    const float *q, *k, *v, *bias;
-    int64_t k_stride, v_stride;
-    int32_t dk, dv, end, pos, h;
+    const double *q;
+    const tensor *k, *v;
+    const float *bias;
+    int32_t b, g, dk, dv, begin, end, pos, h;
     double scale;
-    const mha_mask *mask; /* window, softcap, ALiBi, sinks; NULL: none */
+    const mha_mask *mask; /* softcap, ALiBi, sinks; NULL: none */
 } row_args;
 
 /* Writes the row's dv outputs and returns its lse; s holds `end` scores. */
 static double ref_row(const row_args *a, double *s, double *o)
 {
     const mha_mask *m = a->mask;
-    int32_t begin = 0; /* window: key j masked when j <= pos - window */
-    if (m && m->window > 0 && (int64_t)a->pos - m->window + 1 > begin)
-        begin = (int32_t)((int64_t)a->pos - m->window + 1);
     /* Keys with a -inf score (a -INFINITY bias, or -inf from the data) are hidden like
        those outside [begin, end); NaN flows through (mx stays NaN). */
     double mx = -INFINITY;
     int seen = 0;
-    for (int32_t j = begin; j < a->end; j++) {
+    for (int32_t j = a->begin; j < a->end; j++) {
         const double bias = a->bias ? a->bias[j] : 0.0;
         if (bias == -INFINITY) {
             s[j] = -INFINITY;
             continue;
         }
+        const void *kr = row_of(a->k, a->b, a->g, j);
         double dot = 0;
         for (int32_t e = 0; e < a->dk; e++)
-            dot += (double)a->q[e] * a->k[j * a->k_stride + e];
+            dot += a->q[e] * ref_value(a->k->t, kr, e);
         double x = a->scale * dot;
         if (m && m->softcap > 0)
             x = m->softcap * tanh(x / m->softcap);
@@ -65,13 +121,14 @@ static double ref_row(const row_args *a, double *s, double *o)
        (a sink far above every score makes it overflow to inf: zeros, the limit). */
     const double sink = m && m->sinks ? m->sinks[a->h] : -INFINITY;
     double sum = 0;
-    for (int32_t j = begin; j < a->end; j++) {
+    for (int32_t j = a->begin; j < a->end; j++) {
         if (s[j] == -INFINITY)
             continue;
         const double p = exp(s[j] - mx);
+        const void *vr = row_of(a->v, a->b, a->g, j);
         sum += p;
         for (int32_t e = 0; e < a->dv; e++)
-            o[e] += p * a->v[j * a->v_stride + e];
+            o[e] += p * ref_value(a->v->t, vr, e);
     }
     const double den = sum + exp(sink - mx);
     for (int32_t e = 0; e < a->dv; e++)
@@ -79,17 +136,23 @@ static double ref_row(const row_args *a, double *s, double *o)
     return mx + log(sum);
 }
 
-/* Keys j < end pass a key length, a per-row length and causality at position pos. */
-static int32_t row_end(int32_t end, int32_t key_len, const mha_mask *m, int64_t qkl_index,
-                       int32_t pos)
+/* The keys row i of sequence b sees with `keys` keys: [begin, end), at position pos. */
+static void row_range(const mha_mask *m, int32_t b, int32_t i, int32_t Sq, int32_t keys,
+                      int32_t *begin, int32_t *end, int32_t *pos)
 {
-    if (key_len < end)
-        end = key_len;
-    if (m && m->query_key_lens && m->query_key_lens[qkl_index] < end)
-        end = m->query_key_lens[qkl_index];
-    if (m && m->causal && pos + 1 < end)
-        end = pos + 1 < 0 ? 0 : pos + 1;
-    return end;
+    const int64_t p = m && m->q_offsets ? (int64_t)m->q_offsets[b] + i : (int64_t)keys - Sq + i;
+    int64_t lo = m && m->key_starts ? m->key_starts[b] : 0, hi = keys;
+    if (m && m->key_lens && m->key_lens[b] < hi)
+        hi = m->key_lens[b];
+    if (m && m->query_key_lens && m->query_key_lens[(int64_t)b * Sq + i] < hi)
+        hi = m->query_key_lens[(int64_t)b * Sq + i];
+    if (m && m->causal && p + 1 < hi)
+        hi = p + 1;
+    if (m && m->window > 0 && p - m->window + 1 > lo)
+        lo = p - m->window + 1;
+    *end = (int32_t)(hi < 0 ? 0 : hi);
+    *begin = (int32_t)(lo < 0 ? 0 : lo > *end ? *end : lo);
+    *pos = (int32_t)p;
 }
 
 static const float *bias_row(const mha_mask *m, int32_t b, int32_t h, int32_t i)
@@ -99,67 +162,100 @@ static const float *bias_row(const mha_mask *m, int32_t b, int32_t h, int32_t i)
                         : NULL;
 }
 
-static double *out_row(double *out, mha_layout layout, int32_t b, int32_t h, int32_t i,
-                       int32_t H, int32_t Sq, int32_t dv)
+/* Every row: q [B][H][Sq][dk] through qt, out dense [B][H][Sq][dv] through os (in
+   doubles), lse [B][H][Sq]; lens NULL: nkeys keys per sequence. */
+static void ref_all(int32_t B, int32_t H, int32_t Hkv, int32_t Sq, int32_t nkeys,
+                    const int32_t *lens, int32_t dk, int32_t dv, const tensor *qt,
+                    const tensor *k, const tensor *v, double scale, const mha_mask *mask,
+                    double *out, const mha_strides *os, double *lse)
 {
-    return layout == MHA_LAYOUT_BHSD ? out + (((int64_t)b * H + h) * Sq + i) * dv
-                                     : out + (((int64_t)b * Sq + i) * H + h) * dv;
+    double *s = xmalloc((size_t)nkeys * sizeof(double)), *q = xmalloc((size_t)dk * sizeof(double));
+    for (int32_t b = 0; b < B; b++)
+        for (int32_t h = 0; h < H; h++)
+            for (int32_t i = 0; i < Sq; i++) {
+                const void *qr = row_of(qt, b, h, i);
+                for (int32_t e = 0; e < dk; e++)
+                    q[e] = ref_value(qt->t, qr, e);
+                row_args a = {.q = q, .k = k, .v = v, .bias = bias_row(mask, b, h, i), .b = b,
+                              .g = h / (H / Hkv), .dk = dk, .dv = dv, .h = h, .scale = scale,
+                              .mask = mask};
+                row_range(mask, b, i, Sq, lens ? lens[b] : nkeys, &a.begin, &a.end, &a.pos);
+                const double l = ref_row(&a, s, out + b * os->b + h * os->h + i * os->s);
+                if (lse)
+                    lse[((int64_t)b * H + h) * Sq + i] = l;
+            }
+    free(s);
+    free(q);
+}
+
+static mha_strides dense(int32_t H, int32_t S, int32_t d)
+{
+    return (mha_strides){(int64_t)H * S * d, (int64_t)S * d, d};
+}
+
+static mha_strides out_strides(mha_layout layout, int32_t H, int32_t Sq, int32_t dv)
+{
+    return layout == MHA_LAYOUT_BHSD ? dense(H, Sq, dv)
+                                     : (mha_strides){(int64_t)Sq * H * dv, dv, (int64_t)H * dv};
+}
+
+void ref_attention_strided(const mha_attn_dims *d, const void *q, const mha_strides *qs,
+                           const void *k, const mha_strides *ks, const void *v,
+                           const mha_strides *vs, double scale, const mha_mask *mask,
+                           double *out, double *lse)
+{
+    const int32_t H = d->heads, Hkv = d->kv_heads, Sq = d->seq_q, Skv = d->seq_kv;
+    const int32_t dk = d->head_dim, dv = d->v_head_dim ? d->v_head_dim : dk;
+    const mha_strides q_st = qs ? *qs : dense(H, Sq, dk), k_st = ks ? *ks : dense(Hkv, Skv, dk);
+    const mha_strides v_st = vs ? *vs : dense(Hkv, Skv, dv), o_st = dense(H, Sq, dv);
+    const tensor qt = {.base = q, .t = d->dtype, .sb = q_st.b, .sh = q_st.h, .ss = q_st.s};
+    const tensor kt = {.base = k, .t = d->dtype, .sb = k_st.b, .sh = k_st.h, .ss = k_st.s};
+    const tensor vt = {.base = v, .t = d->dtype, .sb = v_st.b, .sh = v_st.h, .ss = v_st.s};
+    ref_all(d->batch, H, Hkv, Sq, Skv, NULL, dk, dv, &qt, &kt, &vt, scale, mask, out, &o_st, lse);
 }
 
 void ref_attention(const mha_attn_dims *d, const float *q, const float *k, const float *v,
                    double scale, const mha_mask *mask, double *out, mha_layout layout)
 {
-    const int32_t B = d->batch, H = d->heads, Sq = d->seq_q, Skv = d->seq_kv, dh = d->head_dim;
-    const int32_t dv = d->v_head_dim ? d->v_head_dim : dh;
-    double *s = xmalloc((size_t)Skv * sizeof(double));
-    for (int32_t b = 0; b < B; b++)
-        for (int32_t h = 0; h < H; h++) {
-            const int32_t kvh = h / (H / d->kv_heads);
-            const int64_t kv = (int64_t)b * d->kv_heads + kvh;
-            for (int32_t i = 0; i < Sq; i++) {
-                const int32_t pos = i + Skv - Sq;
-                const row_args a = {
-                    .q = q + (((int64_t)b * H + h) * Sq + i) * dh,
-                    .k = k + kv * Skv * dh, .v = v + kv * Skv * dv,
-                    .bias = bias_row(mask, b, h, i), .k_stride = dh, .v_stride = dv,
-                    .dk = dh, .dv = dv, .pos = pos, .h = h, .scale = scale, .mask = mask,
-                    .end = row_end(Skv, mask && mask->key_lens ? mask->key_lens[b] : Skv, mask,
-                                   (int64_t)b * Sq + i, pos)};
-                ref_row(&a, s, out_row(out, layout, b, h, i, H, Sq, dv));
-            }
-        }
-    free(s);
+    const int32_t H = d->heads, Hkv = d->kv_heads, Sq = d->seq_q, Skv = d->seq_kv;
+    const int32_t dk = d->head_dim, dv = d->v_head_dim ? d->v_head_dim : dk;
+    const mha_strides q_st = dense(H, Sq, dk), k_st = dense(Hkv, Skv, dk), v_st = dense(Hkv, Skv, dv);
+    const mha_strides o_st = out_strides(layout, H, Sq, dv);
+    const tensor qt = {.base = q, .t = d->dtype, .sb = q_st.b, .sh = q_st.h, .ss = q_st.s};
+    const tensor kt = {.base = k, .t = d->dtype, .sb = k_st.b, .sh = k_st.h, .ss = k_st.s};
+    const tensor vt = {.base = v, .t = d->dtype, .sb = v_st.b, .sh = v_st.h, .ss = v_st.s};
+    ref_all(d->batch, H, Hkv, Sq, Skv, NULL, dk, dv, &qt, &kt, &vt, scale, mask, out, &o_st, NULL);
+}
+
+void ref_attention_cached_strided(const mha_kv_cache *c, const int32_t *lens, const void *q,
+                                  const mha_strides *qs, int32_t heads, int32_t seq_q,
+                                  double scale, const mha_mask *mask, double *out,
+                                  const mha_strides *os, double *lse)
+{
+    const int32_t dk = c->head_dim, dv = c->v_head_dim ? c->v_head_dim : dk;
+    /* V strides all 0 mean K's strides. */
+    const int vk = c->v_stride_b == 0 && c->v_stride_h == 0 && c->v_stride_s == 0;
+    const tensor kt = {c->k, c->dtype, c->stride_b, c->stride_h, c->stride_s, c->block_table,
+                       c->block_size, c->max_blocks};
+    const tensor vt = {c->v, c->dtype, vk ? c->stride_b : c->v_stride_b,
+                       vk ? c->stride_h : c->v_stride_h, vk ? c->stride_s : c->v_stride_s,
+                       c->block_table, c->block_size, c->max_blocks};
+    const mha_strides q_st = qs ? *qs : dense(heads, seq_q, dk);
+    const tensor qt = {.base = q, .t = c->io_dtype, .sb = q_st.b, .sh = q_st.h, .ss = q_st.s};
+    const mha_strides o_st = os ? *os : dense(heads, seq_q, dv);
+    ref_all(c->batch, heads, c->kv_heads, seq_q, c->capacity, lens, dk, dv, &qt, &kt, &vt, scale,
+            mask, out, &o_st, lse);
 }
 
 void ref_attention_cached(const mha_kv_cache *c, const int32_t *lens, const float *q,
                           int32_t heads, int32_t seq_q, double scale, const mha_mask *mask,
                           double *out, mha_layout layout, double *lse)
 {
-    const int32_t H = heads, Sq = seq_q, dh = c->head_dim;
-    const int32_t dv = c->v_head_dim ? c->v_head_dim : dh;
-    /* V strides all 0 mean K's strides. */
-    const int vk = c->v_stride_b == 0 && c->v_stride_h == 0 && c->v_stride_s == 0;
-    const int64_t vsb = vk ? c->stride_b : c->v_stride_b, vsh = vk ? c->stride_h : c->v_stride_h;
-    const int64_t vss = vk ? c->stride_s : c->v_stride_s;
-    double *s = xmalloc((size_t)c->capacity * sizeof(double));
-    for (int32_t b = 0; b < c->batch; b++)
-        for (int32_t h = 0; h < H; h++) {
-            const int32_t g = h / (H / c->kv_heads);
-            for (int32_t i = 0; i < Sq; i++) {
-                const int32_t pos = lens[b] - Sq + i;
-                const row_args a = {
-                    .q = q + (((int64_t)b * H + h) * Sq + i) * dh,
-                    .k = c->k + b * c->stride_b + g * c->stride_h, .v = c->v + b * vsb + g * vsh,
-                    .bias = bias_row(mask, b, h, i), .k_stride = c->stride_s, .v_stride = vss,
-                    .dk = dh, .dv = dv, .pos = pos, .h = h, .scale = scale, .mask = mask,
-                    .end = row_end(c->capacity, lens[b], mask, (int64_t)b * Sq + i, pos)};
-                const double l = ref_row(&a, s, out_row(out, layout, b, h, i, H, Sq, dv));
-                if (lse)
-                    lse[((int64_t)b * H + h) * Sq + i] = l;
-            }
-        }
-    free(s);
+    const int32_t dv = c->v_head_dim ? c->v_head_dim : c->head_dim;
+    const mha_strides os = out_strides(layout, heads, seq_q, dv);
+    ref_attention_cached_strided(c, lens, q, NULL, heads, seq_q, scale, mask, out, &os, lse);
 }
+
 /* y [m][n] = x [m][in] W^T + b, rounded to float like the library's intermediates. */
 static void linear(const float *x, int64_t m, int32_t in, const float *w, const float *b,
                    int32_t n, double *y)
@@ -202,7 +298,7 @@ void ref_layer(const mha_layer_desc *d, const float *query, const float *key, co
     float *q = split_heads(yq, batch, seq_q, H, dh);
     float *k = split_heads(yk, batch, seq_kv, Hkv, dh);
     float *v = split_heads(yv, batch, seq_kv, Hkv, dv);
-    const mha_attn_dims dims = {batch, H, Hkv, seq_q, seq_kv, dh, dv};
+    const mha_attn_dims dims = {batch, H, Hkv, seq_q, seq_kv, dh, dv, MHA_F32};
     double *merged = d->out_dim > 0 ? xmalloc((size_t)Mq * H * dv * sizeof(double)) : out;
     ref_attention(&dims, q, k, v, 1.0 / sqrt((double)dh), mask, merged, MHA_LAYOUT_BSHD);
     if (d->out_dim > 0) {

@@ -112,7 +112,7 @@ static void run_isa(mha_isa isa, const shape *s, const mha_layer *L, const float
     const int64_t nkv = (int64_t)s->B * s->Skv * s->Hkv * s->dh;
     check(mha_qkv_project(L, x, x, x, s->B, s->Sq, s->Sq, o->qkv, o->qkv + nq, o->qkv + 2 * nq),
           "mha_qkv_project");
-    const mha_attn_dims d = {s->B, s->H, s->Hkv, s->Sq, s->Skv, s->dh, 0};
+    const mha_attn_dims d = {s->B, s->H, s->Hkv, s->Sq, s->Skv, s->dh, 0, MHA_F32};
     check(mha_attention(&d, qkv_in, qkv_in + nq, qkv_in + nq + nkv, 1.0f / sqrtf((float)s->dh),
                         mask, o->attn, MHA_LAYOUT_BSHD), "mha_attention");
     memcpy(o->split, qkv_in, (size_t)nq * sizeof(float));
@@ -165,7 +165,7 @@ static void validate_shape(const shape *s, int with_float64)
             double *r64 = malloc(sizeof(double) * (size_t)(nout > nq ? nout : nq));
             ref_layer(&desc, x, x, x, s->B, s->Sq, s->Sq, &masks[m], r64);
             record(&stats_ref[KERNEL_LAYER], ref.layer, r64, nout, TOL_REF);
-            const mha_attn_dims d = {s->B, s->H, s->Hkv, s->Sq, s->Skv, s->dh, 0};
+            const mha_attn_dims d = {s->B, s->H, s->Hkv, s->Sq, s->Skv, s->dh, 0, MHA_F32};
             ref_attention(&d, qkv_in, qkv_in + nq, qkv_in + nq + nkv, 1.0 / sqrt((double)s->dh),
                           &masks[m], r64, MHA_LAYOUT_BSHD);
             record(&stats_ref[KERNEL_ATTN], ref.attn, r64, nq, TOL_REF);

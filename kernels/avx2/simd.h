@@ -58,6 +58,33 @@ static inline vf vf_pow2i(vf n)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 
+/* The element types' vectors (kernels/dtype.h): VF_LANES binary16 or bfloat16
+   values, or int8 values times a scale, to floats exactly (F16C; bf16 by a shift),
+   and floats to binary16 (F16C, nearest even) and bfloat16 (nearest even, NaN
+   quieted: integer operations). */
+static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vf_load_bf16(const uint16_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vf vf_load_q8(const int8_t *p, vf d)
+{
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))), d);
+}
+static inline void vf_store_f16(uint16_t *p, vf x)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void vf_store_bf16(uint16_t *p, vf x)
+{
+    const __m256i u = _mm256_castps_si256(x), one = _mm256_set1_epi32(1);
+    const __m256i even = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), even), 16);
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i h = _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
 /* 8x8 transpose of rows a[0..8) (in place). */
 static inline void vf_transpose(vf a[8])
 {

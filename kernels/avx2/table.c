@@ -16,4 +16,5 @@ const mha_kernels mha_kernels_avx2 = {
     .attn_block = mha_attn_block__avx2,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__avx2,
     .transpose = mha_transpose__avx2,
+    .convert = mha_convert__avx2,
 };

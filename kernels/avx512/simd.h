@@ -55,6 +55,33 @@ static inline vf vf_pow2i(vf n)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 
+/* The element types' vectors (kernels/dtype.h): VF_LANES binary16 or bfloat16
+   values, or int8 values times a scale, to floats exactly, and floats to binary16
+   (vcvtps2ph, nearest even) and bfloat16 (nearest even, NaN quieted: integer
+   operations; AVX512-BF16's vcvtneps2bf16 flushes subnormals, which mha.h keeps). */
+static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vf_load_bf16(const uint16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline vf vf_load_q8(const int8_t *p, vf d)
+{
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), d);
+}
+static inline void vf_store_f16(uint16_t *p, vf x)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline void vf_store_bf16(uint16_t *p, vf x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i even = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), even), 16);
+    const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __m512i h = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, q);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(h));
+}
+
 /* 16x16 transpose of rows a[0..16) (in place): interleave 32-bit pairs, then
  * 64-bit pairs (lane L of u[4i + c] holds column 4L + c of rows 4i..4i+3), then
  * gather the 128-bit lanes of column 4L + c from u[c], u[4 + c], u[8 + c], u[12 + c]. */

@@ -18,4 +18,5 @@ const mha_kernels mha_kernels_avx512 = {
     .attn_block = mha_attn_block__avx512,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__avx512,
     .transpose = mha_transpose__avx512,
+    .convert = mha_convert__avx512,
 };

@@ -67,6 +67,29 @@ static inline vf vf_abs(vf x) { return vabsq_f32(x); }
 /* |mag| with the sign of sgn, for mag >= 0. */
 static inline vf vf_copysign(vf mag, vf sgn) { return vbslq_f32(vdupq_n_u32(0x80000000u), sgn, mag); }
 
+/* The element types' vectors (kernels/dtype.h): 4 binary16 or bfloat16 values, or
+   int8 values times a scale, to floats exactly (fcvtl; bf16 by a shift), and floats
+   to binary16 (fcvtn, nearest even) and bfloat16 (nearest even, NaN quieted:
+   integer operations). */
+static inline vf vf_load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+static inline vf vf_load_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+static inline vf vf_load_q8(const int8_t *p, vf d)
+{
+    int32_t w;
+    memcpy(&w, p, 4); /* exactly the 4 bytes: nothing past them may be read */
+    const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(w)));
+    return vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), d);
+}
+static inline void vf_store_f16(uint16_t *p, vf x) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x))); }
+static inline void vf_store_bf16(uint16_t *p, vf x)
+{
+    const uint32x4_t u = vreinterpretq_u32_f32(x);
+    const uint32x4_t even = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    const uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7fff)), even), 16);
+    const uint32x4_t q = vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40));
+    vst1_u16(p, vmovn_u32(vbslq_u32(vmvnq_u32(vceqq_f32(x, x)), q, r)));
+}
+
 /* 4x4 transpose of rows a[0..4) (in place). */
 static inline void vf_transpose(vf a[4])
 {

@@ -16,4 +16,5 @@ const mha_kernels mha_kernels_neon = {
     .attn_block = mha_attn_block__neon,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__neon,
     .transpose = mha_transpose__neon,
+    .convert = mha_convert__neon,
 };

@@ -2,6 +2,7 @@
  *   s_j = score of visible key j (scale * q.k_j, softcap, + bias + ALiBi);  m = max_j s_j
  *   out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m))
  * Dot products are recomputed in the second pass so nothing grows with seq_kv.
+ * K and V values are read one at a time as kernels/dtype.h converts them.
  * Non-finite data: a key is hidden when it lies outside [kv_begin, kv_end) or its
  * score is -inf (a -INFINITY bias, whatever q.k is, or -inf from the data): it
  * gets weight 0 and neither its K beyond that nor its V is used. Every other key
@@ -24,10 +25,10 @@ static float score(const mha_attn_block *blk, const row *rw, int32_t j)
 {
     if (rw->bias && rw->bias[j] == -INFINITY)
         return -INFINITY;
-    const float *kj = blk->k + (int64_t)j * blk->k_stride;
+    const char *kj = mha_row(&blk->k, j);
     float dot = 0.0f;
     for (int32_t d = 0; d < blk->dk; d++)
-        dot += rw->q[d] * kj[d];
+        dot += rw->q[d] * mha_load_value(blk->kv_type, kj, d);
     float s = blk->scale * dot;
     if (blk->softcap > 0.0f)
         s = blk->softcap * tanhf(s / blk->softcap);
@@ -63,10 +64,10 @@ static void attend_row(const mha_attn_block *blk, const row *rw, float *out, flo
         if (s == -INFINITY)
             continue;
         const float p = expf(s - m);
-        const float *vj = blk->v + (int64_t)j * blk->v_stride;
+        const char *vj = mha_row(&blk->v, j);
         sum += p;
         for (int32_t d = 0; d < dv; d++)
-            out[d] += p * vj[d];
+            out[d] += p * mha_load_value(blk->kv_type, vj, d);
     }
     if (lse)
         *lse = m + logf(sum);

@@ -15,4 +15,5 @@ const mha_kernels mha_kernels_scalar = {
     .attn_block = mha_attn_block__scalar,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__scalar,
     .transpose = mha_transpose__scalar,
+    .convert = mha_convert__scalar,
 };

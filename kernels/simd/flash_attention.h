@@ -53,12 +53,14 @@
 #include <string.h>
 
 #include "internal.h"
+#include "simd/convert.h"
 #include "simd/math.h"
 
 enum {
-    QT_FLOATS = 128 * RB,      /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
-    KV_L2_FLOATS = 128 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
-    DOT_ROWS = QK_ROWS / 2,    /* passes of at most this many rows score by dot products */
+    QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
+    KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
+    DOT_ROWS = QK_ROWS / 2,   /* passes of at most this many rows score by dot products */
+    STAGE_D = 128,            /* values per row of a staged (converted) K or V tile */
 };
 _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
                    && QK_ROWS % VF_LANES == 0 && RB % VF_LANES == 0,
@@ -69,8 +71,9 @@ _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
  * still fits one chunk of the packed Q). Results do not depend on this choice. */
 static int32_t pass_rows(const mha_attn_block *blk)
 {
-    const int64_t kv = (int64_t)blk->seq_kv * (blk->dk + blk->dv);
-    return kv > KV_L2_FLOATS && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
+    const int64_t kv = (int64_t)blk->seq_kv
+                       * (mha_row_bytes(blk->kv_type, blk->dk) + mha_row_bytes(blk->kv_type, blk->dv));
+    return kv > KV_L2_BYTES && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
 }
 
 typedef struct span {
@@ -84,7 +87,7 @@ typedef struct pass {
     const mha_attn_block *blk;
     int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st),
                         or of VF_LANES for dot products */
-    int32_t dc;      /* dk chunk of the packed Q^T: QT_FLOATS / rp */
+    int32_t dc;      /* dk chunk of the packed Q^T: QT_FLOATS / rp, a multiple of 32 */
     int dot;         /* scores by dot products along dk; qt holds scale * q row by row */
     int bias_shared; /* every row reads the same bias row */
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
@@ -92,6 +95,10 @@ typedef struct pass {
     int32_t jmax;    /* the end of the keys the pass reads */
     span all, qk[RB / QK_ROWS], pv[RB / 4]; /* keys seen by the pass, its score and P.V groups */
     int stream;      /* K and V exceed L2: prefetch them (prefetch_tile) */
+    int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
+                        else they are staged (converted, gathered) into kst and vst */
+    int64_t ldv;     /* V's row pitch in floats, when direct */
+    int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];
@@ -100,6 +107,8 @@ typedef struct pass {
     _Alignas(64) float m[RB], l[RB], alpha[RB];
     _Alignas(64) float qt[QT_FLOATS];
     _Alignas(64) float st[BC * RB];
+    const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
+    _Alignas(64) float kst[BC * STAGE_D], vst[BC * STAGE_D]; /* staged K and V columns */
     float ptail[BC * PV_ROWS]; /* P of a last group of fewer than PV_ROWS rows, padded */
 } pass;
 
@@ -142,17 +151,62 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
  * for a whole tile at its start; a dot pass, whose compute per key is small,
  * asks for the key one tile ahead at each step, so that its requests stay in
  * flight while it computes (a burst would stall on the fill buffers). */
-static void prefetch_rows(const float *x, int64_t stride, int32_t width, int64_t j0, int64_t j1)
+static void prefetch_rows(const mha_rows *rows, int32_t bytes, int32_t j0, int32_t j1)
 {
-    for (int64_t j = j0; j < j1; j++)
-        for (int32_t d = 0; d < width; d += 16)
-            prefetch_l2(x + j * stride + d);
+    for (int32_t j = j0; j < j1; j++) {
+        const char *x = mha_row(rows, j);
+        for (int32_t b = 0; b < bytes; b += 64)
+            prefetch_l2(x + b);
+    }
 }
 
-static void prefetch_tile(const mha_attn_block *blk, int32_t j0, int32_t j1)
+static void prefetch_tile(const pass *ps, int32_t j0, int32_t j1)
 {
-    prefetch_rows(blk->k, blk->k_stride, blk->dk, j0, j1);
-    prefetch_rows(blk->v, blk->v_stride, blk->dv, j0, j1);
+    prefetch_rows(&ps->blk->k, ps->kbytes, j0, j1);
+    prefetch_rows(&ps->blk->v, ps->vbytes, j0, j1);
+}
+
+/* kr[j], vr[j]: the K and V rows of keys j0 + j, j < jn; with a block table the
+ * walk steps through the blocks without dividing per key. */
+static void tile_rows(pass *ps, int32_t j0, int32_t jn)
+{
+    const mha_attn_block *blk = ps->blk;
+    if (!blk->k.table) {
+        for (int32_t j = 0; j < jn; j++)
+            ps->kr[j] = mha_row(&blk->k, j0 + j), ps->vr[j] = mha_row(&blk->v, j0 + j);
+        return;
+    }
+    const int32_t bs = blk->k.block_size;
+    int32_t row = blk->k.first + j0, b = row / bs, i = row % bs;
+    for (int32_t j = 0; j < jn; j++) {
+        ps->kr[j] = blk->k.base + (int64_t)blk->k.table[b] * blk->k.block_stride + (int64_t)i * blk->k.stride;
+        ps->vr[j] = blk->v.base + (int64_t)blk->v.table[b] * blk->v.block_stride + (int64_t)i * blk->v.stride;
+        if (++i == bs)
+            i = 0, b++;
+    }
+}
+
+/* A row's values from d (a multiple of 32 for q8_0), as a typed pointer. */
+static inline const char *row_at(mha_dtype t, const char *row, int32_t d)
+{
+    return row + mha_row_bytes(t, d);
+}
+
+/* dst[j][0..cw) (pitch STAGE_D) = values [d, d + cw) of the rows rows[j], keys
+ * j0 <= j < j1: a K or V tile converted to floats. */
+static void stage(mha_dtype t, float *dst, const char *const *rows, int32_t j0, int32_t j1,
+                  int32_t d, int32_t cw)
+{
+    for (int32_t j = j0; j < j1; j++) {
+        const char *src = row_at(t, rows[j], d);
+        float *out = dst + (int64_t)j * STAGE_D;
+        switch (t) {
+        case MHA_F16: simd_load_row(MHA_F16, out, src, cw); break;
+        case MHA_BF16: simd_load_row(MHA_BF16, out, src, cw); break;
+        case MHA_Q8_0: simd_load_row(MHA_Q8_0, out, src, cw); break;
+        default: simd_load_row(MHA_F32, out, src, cw); break;
+        }
+    }
 }
 
 /* The keys rows [r0, r1) see: from the smallest kv_begin of a row that sees any
@@ -189,20 +243,29 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
         const int32_t dc = dh - d0 < ps->dc ? dh - d0 : ps->dc;
         if (dh > ps->dc)
             pack_qt(ps, d0, dc);
-        for (int32_t jg = 0; jg < jn; jg += QK_KEYS) {
-            const float *kp[QK_KEYS];
-            for (int i = 0; i < QK_KEYS; i++) /* keys past the tile repeat its last one */
-                kp[i] = ps->blk->k + (int64_t)(j0 + (jg + i < jn ? jg + i : jn - 1)) * ps->blk->k_stride
-                        + d0;
-            for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
-                float *st = ps->st + jg * ps->rp + rg;
-                const span sp = ps->qk[rg / QK_ROWS];
-                if (jg < keys_to(sp, j0, jn) && jg + QK_KEYS > keys_from(sp, j0))
-                    qk_tile(dc, kp, ps->qt + rg, ps->rp, st, d0 > 0);
-                else
-                    for (int i = 0; i < QK_KEYS; i++)
-                        for (int32_t c = 0; c < QK_ROWS; c += VF_LANES)
-                            vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
+        /* Staged K goes STAGE_D columns at a time; resuming the FMA chains from st
+           between them keeps every bit. */
+        const int32_t cstep = ps->direct ? dc : STAGE_D;
+        for (int32_t ds = d0; ds < d0 + dc; ds += cstep) {
+            const int32_t cw = d0 + dc - ds < cstep ? d0 + dc - ds : cstep;
+            if (!ps->direct)
+                stage(ps->blk->kv_type, ps->kst, ps->kr, 0, jn, ds, cw);
+            for (int32_t jg = 0; jg < jn; jg += QK_KEYS) {
+                const float *kp[QK_KEYS];
+                for (int i = 0; i < QK_KEYS; i++) { /* keys past the tile repeat its last one */
+                    const int32_t j = jg + i < jn ? jg + i : jn - 1;
+                    kp[i] = ps->direct ? (const float *)ps->kr[j] + ds : ps->kst + (int64_t)j * STAGE_D;
+                }
+                for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
+                    float *st = ps->st + jg * ps->rp + rg;
+                    const span sp = ps->qk[rg / QK_ROWS];
+                    if (jg < keys_to(sp, j0, jn) && jg + QK_KEYS > keys_from(sp, j0))
+                        qk_tile(cw, kp, ps->qt + (int64_t)(ds - d0) * ps->rp + rg, ps->rp, st, ds > 0);
+                    else if (ds == 0)
+                        for (int i = 0; i < QK_KEYS; i++)
+                            for (int32_t c = 0; c < QK_ROWS; c += VF_LANES)
+                                vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
+                }
             }
         }
     }
@@ -232,33 +295,55 @@ enum {
     DOT_SCORES = DOT_REDUCES * VF_LANES,        /* scores per step */
 };
 
-/* s[kk*R + rr] = sum over d of q[rr*dk + d] k[kk][d] for DOT_SCORES / R keys and
- * R rows: the lane-wise partial sums, then vf_reduce_lanes, which sums every lane
- * in the same order, so that a score does not depend on its slot. */
+/* The VF_LANES values of K or V at d of a row of type T; a q8_0 row's values of
+ * one block take its scale sc (vf_q8_scale, hoisted by the callers per block). */
+static inline __attribute__((always_inline)) vf load_kv(const int T, const char *row, int32_t d,
+                                                       vf sc)
+{
+    if (T == MHA_Q8_0)
+        return vf_load_q8((const int8_t *)row + d / MHA_Q8_BLOCK * MHA_Q8_BYTES + 2
+                              + d % MHA_Q8_BLOCK,
+                          sc);
+    return vf_load_as(T, row, d);
+}
+
+/* s[kk*R + rr] = sum over d of q[rr*dk + d] k[kk][d] for DOT_SCORES / R keys (rows of
+ * type T) and R rows: the lane-wise partial sums, a q8_0 block's scales loaded once
+ * per block, then vf_reduce_lanes, which sums every lane in the same order, so that
+ * a score does not depend on its slot. */
 static inline __attribute__((always_inline)) void dot_tile(const float *q, int32_t dk,
-                                                           const float *const *k, float *s,
-                                                           const int R)
+                                                           const char *const *k, float *s,
+                                                           const int R, const int T)
 {
     const int KS = DOT_SCORES / R;
+    const int CH = T == MHA_Q8_0 ? MHA_Q8_BLOCK : VF_LANES; /* values per scale */
     vf acc[DOT_SCORES];
 #pragma GCC unroll 16
     for (int i = 0; i < DOT_SCORES; i++)
         acc[i] = vf_zero();
-    const int32_t tail = dk % VF_LANES;
-    for (int32_t d = 0; d < dk - tail; d += VF_LANES) {
-        vf qv[4];
-#pragma GCC unroll 4
-        for (int rr = 0; rr < R; rr++)
-            qv[rr] = vf_loadu(q + rr * dk + d);
+    const int32_t tail = dk % VF_LANES; /* 0 for q8_0 (dk % 32 == 0) */
+    for (int32_t d0 = 0; d0 < dk - tail; d0 += CH) {
+        vf sc[DOT_SCORES];
 #pragma GCC unroll 16
-        for (int kk = 0; kk < KS; kk++) {
-            const vf kv = vf_loadu(k[kk] + d);
+        for (int kk = 0; kk < KS; kk++)
+            sc[kk] = T == MHA_Q8_0 ? vf_q8_scale(k[kk] + d0 / MHA_Q8_BLOCK * MHA_Q8_BYTES)
+                                   : vf_zero();
+#pragma GCC unroll 4
+        for (int32_t d = d0; d < d0 + CH; d += VF_LANES) {
+            vf qv[4];
 #pragma GCC unroll 4
             for (int rr = 0; rr < R; rr++)
-                acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
+                qv[rr] = vf_loadu(q + rr * dk + d);
+#pragma GCC unroll 16
+            for (int kk = 0; kk < KS; kk++) {
+                const vf kv = load_kv(T, k[kk], d, sc[kk]);
+#pragma GCC unroll 4
+                for (int rr = 0; rr < R; rr++)
+                    acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
+            }
         }
     }
-    if (tail) {
+    if (T != MHA_Q8_0 && tail) {
         const int32_t d = dk - tail;
         vf qv[4];
 #pragma GCC unroll 4
@@ -266,7 +351,7 @@ static inline __attribute__((always_inline)) void dot_tile(const float *q, int32
             qv[rr] = vf_loadu_n(q + rr * dk + d, tail);
 #pragma GCC unroll 16
         for (int kk = 0; kk < KS; kk++) {
-            const vf kv = vf_loadu_n(k[kk] + d, tail);
+            const vf kv = vf_load_as_n(T, k[kk], d, tail);
 #pragma GCC unroll 4
             for (int rr = 0; rr < R; rr++)
                 acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
@@ -289,22 +374,22 @@ static int32_t dot_group(int32_t nr, int32_t r)
  * before its dot products and their V rows after them, so that the requests stay
  * spread while the FMAs run (a burst would stall on the fill buffers). */
 static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0, int32_t j,
-                                                           int32_t jt, const float *const *k,
-                                                           int64_t pf, const int R)
+                                                           int32_t jt, const char *const *k,
+                                                           int32_t pf, const int R, const int T)
 {
     const int KS = DOT_SCORES / R;
     const mha_attn_block *blk = ps->blk;
     const int32_t dk = blk->dk;
 #pragma GCC unroll 4
     for (int sub = 0; sub < R; sub++) {
-        const int64_t p0 = pf + sub * KS < ps->jmax ? pf + sub * KS : ps->jmax;
-        const int64_t p1 = p0 + KS < ps->jmax ? p0 + KS : ps->jmax;
+        const int32_t p0 = pf + sub * KS < ps->jmax ? pf + sub * KS : ps->jmax;
+        const int32_t p1 = p0 + KS < ps->jmax ? p0 + KS : ps->jmax;
         if (pf >= 0)
-            prefetch_rows(blk->k, blk->k_stride, dk, p0, p1);
+            prefetch_rows(&blk->k, ps->kbytes, p0, p1);
         float s[DOT_SCORES];
-        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R);
+        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, T);
         if (pf >= 0)
-            prefetch_rows(blk->v, blk->v_stride, blk->dv, p0, p1);
+            prefetch_rows(&blk->v, ps->vbytes, p0, p1);
         for (int kk = 0; kk < KS && j + sub * KS + kk < jt; kk++)
             for (int rr = 0; rr < R; rr++)
                 ps->st[(j + sub * KS + kk) * ps->rp + r0 + rr] = s[kk * R + rr];
@@ -314,9 +399,9 @@ static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0,
 /* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_SCORES keys per
  * step for every row group; while K and V stream, the first group asks for the
  * keys one tile ahead. Keys no row sees are not read (-inf). */
-static void scores_dot(pass *ps, int32_t j0, int32_t jn)
+static inline __attribute__((always_inline)) void scores_dot_as(pass *ps, int32_t j0, int32_t jn,
+                                                                const int T)
 {
-    const mha_attn_block *blk = ps->blk;
     const int32_t nr = ps->nr;
     const int32_t jf = keys_from(ps->all, j0), jt = keys_to(ps->all, j0, jn);
     for (int32_t j = 0; j < jn; j++)
@@ -324,17 +409,28 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
             for (int32_t r = 0; r < nr; r++)
                 ps->st[j * ps->rp + r] = -INFINITY;
     for (int32_t j = jf; j < jt; j += DOT_SCORES) {
-        const float *k[DOT_SCORES];
+        const char *k[DOT_SCORES];
         for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
-            k[kk] = blk->k + (int64_t)(j0 + (j + kk < jt ? j + kk : jt - 1)) * blk->k_stride;
+            k[kk] = ps->kr[j + kk < jt ? j + kk : jt - 1];
         for (int32_t r = 0; r < nr; r += dot_group(nr, r)) {
-            const int64_t pf = ps->stream && r == 0 ? j0 + j + BC : -1;
+            const int32_t pf = ps->stream && r == 0 ? j0 + j + BC : -1;
             switch (dot_group(nr, r)) {
-            case 4: dot_step(ps, r, j, jt, k, pf, 4); break;
-            case 2: dot_step(ps, r, j, jt, k, pf, 2); break;
-            default: dot_step(ps, r, j, jt, k, pf, 1); break;
+            case 4: dot_step(ps, r, j, jt, k, pf, 4, T); break;
+            case 2: dot_step(ps, r, j, jt, k, pf, 2, T); break;
+            default: dot_step(ps, r, j, jt, k, pf, 1, T); break;
             }
         }
+    }
+}
+
+/* One instance per element type of K. */
+static void scores_dot(pass *ps, int32_t j0, int32_t jn)
+{
+    switch (ps->blk->kv_type) {
+    case MHA_F16: scores_dot_as(ps, j0, jn, MHA_F16); break;
+    case MHA_BF16: scores_dot_as(ps, j0, jn, MHA_BF16); break;
+    case MHA_Q8_0: scores_dot_as(ps, j0, jn, MHA_Q8_0); break;
+    default: scores_dot_as(ps, j0, jn, MHA_F32); break;
     }
 }
 
@@ -398,19 +494,28 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
     ps->bias_hides = hides1 || !vm_empty(hides);
 }
 
-/* Are V's rows [j0, j0 + jn) all finite? (x * 0 is 0 for finite x, NaN otherwise.) */
-static int v_finite(const mha_attn_block *blk, int32_t j0, int32_t jn)
+/* The n (1..VF_LANES) values at d of a row of type t, whatever t is at run time:
+ * for the paths that are not hot (the careful P.V, the finiteness check). */
+static vf load_any(mha_dtype t, const char *row, int32_t d, int32_t n)
 {
-    const int32_t dv = blk->dv;
-    vf acc = vf_zero();
-    for (int64_t j = j0; j < j0 + jn; j++) {
-        const float *v = blk->v + j * blk->v_stride;
-        int32_t d = 0;
-        for (; d + VF_LANES <= dv; d += VF_LANES)
-            acc = vf_fmadd(vf_loadu(v + d), vf_zero(), acc);
-        if (d < dv)
-            acc = vf_fmadd(vf_loadu_n(v + d, dv - d), vf_zero(), acc);
+    switch (t) {
+    case MHA_F16: return vf_load_as_n(MHA_F16, row, d, n);
+    case MHA_BF16: return vf_load_as_n(MHA_BF16, row, d, n);
+    case MHA_Q8_0: return load_kv(MHA_Q8_0, row, d, vf_q8_scale(row_at(MHA_Q8_0, row, d)));
+    default: return vf_load_as_n(MHA_F32, row, d, n);
     }
+}
+
+/* Are the V rows of the tile's jn keys all finite? (x * 0 is 0 for finite x, NaN
+ * otherwise.) */
+static int v_finite(const pass *ps, int32_t jn)
+{
+    const int32_t dv = ps->blk->dv;
+    vf acc = vf_zero();
+    for (int32_t j = 0; j < jn; j++)
+        for (int32_t d = 0; d < dv; d += VF_LANES)
+            acc = vf_fmadd(load_any(ps->blk->kv_type, ps->vr[j], d, dv - d < VF_LANES ? dv - d : VF_LANES),
+                           vf_zero(), acc);
     return vm_all(vf_eq(acc, acc));
 }
 
@@ -516,10 +621,9 @@ static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int6
 
 /* The careful P.V of row r: O = alpha O + sum over keys js <= j < jv whose P is
  * not the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
-static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t js, int32_t jv)
+static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
 {
     const int32_t dh = ps->blk->dv;
-    const int64_t ldv = ps->blk->v_stride;
     float *o = ps->out[r];
     const vf alpha = vf_set1(ps->alpha[r]);
     for (int32_t d = 0; d < dh; d += VF_LANES) {
@@ -529,7 +633,7 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t js, int3
             const float p = ps->st[j * ps->rp + r];
             if (p == 0.0f && signbit(p))
                 continue;
-            acc = vf_fmadd(vf_set1(p), vf_loadu_n(v + j * ldv + d, n), acc);
+            acc = vf_fmadd(vf_set1(p), load_any(ps->blk->kv_type, ps->vr[j], d, n), acc);
         }
         vf_storeu_n(o + d, n, acc);
     }
@@ -538,14 +642,17 @@ static void pv_row_careful(pass *ps, int32_t r, const float *v, int32_t js, int3
 /* Accumulators of the dot passes' P.V: half the register file. */
 enum { DOT_ACC = VF_REGS / 2 };
 
-/* o[rr] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v[j] over `cols` columns
- * (1..W, W = DOT_ACC / R vectors; all W when full) for R rows (4, 2 or 1):
- * DOT_ACC accumulators, each V vector loaded once for the R rows. */
+/* o[rr] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v_j[d ..] over `cols`
+ * columns from d (1..W, W = DOT_ACC / R vectors; all W when full) for R rows (4, 2
+ * or 1), v_j the row vr[j] of type T: DOT_ACC accumulators, each V vector loaded
+ * once for the R rows. A sweep lies within one q8_0 block, or covers whole ones
+ * (dv % 32 == 0): each block's scale is loaded once per key. */
 static inline __attribute__((always_inline)) void pv_rows_cols(
-    int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv, float *const *o,
-    const float *alpha, int32_t cols, int full, const int R)
+    int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
+    const float *alpha, int32_t cols, int full, const int R, const int T)
 {
     const int CV = DOT_ACC / R;
+    const int VPB = T == MHA_Q8_0 && CV * VF_LANES >= MHA_Q8_BLOCK ? MHA_Q8_BLOCK / VF_LANES : CV;
     vf acc[DOT_ACC];
     int32_t n[DOT_ACC];
 #pragma GCC unroll 16
@@ -561,9 +668,19 @@ static inline __attribute__((always_inline)) void pv_rows_cols(
     for (int32_t j = 0; j < jn; j++) {
         vf vv[DOT_ACC];
 #pragma GCC unroll 16
-        for (int c = 0; c < CV; c++)
-            vv[c] = full ? vf_loadu(v + j * ldv + c * VF_LANES)
-                         : vf_loadu_n(v + j * ldv + c * VF_LANES, n[c]);
+        for (int c0 = 0; c0 < CV; c0 += VPB) {
+            /* A partial q8_0 sweep holds whole blocks (dv % 32 == 0): n[c0] is 0 or all. */
+            const int in_row = full || n[c0] > 0;
+            const vf sc = T == MHA_Q8_0 && in_row
+                              ? vf_q8_scale(row_at(MHA_Q8_0, vr[j], d + c0 * VF_LANES))
+                              : vf_zero();
+#pragma GCC unroll 16
+            for (int c = c0; c < c0 + VPB; c++)
+                vv[c] = full ? load_kv(T, vr[j], d + c * VF_LANES, sc)
+                        : !n[c] ? vf_zero()
+                        : T == MHA_Q8_0 ? load_kv(T, vr[j], d + c * VF_LANES, sc)
+                                        : vf_load_as_n(T, vr[j], d + c * VF_LANES, n[c]);
+        }
 #pragma GCC unroll 4
         for (int rr = 0; rr < R; rr++) {
             const vf pb = vf_set1(p[(int64_t)j * pp + rr]);
@@ -577,16 +694,16 @@ static inline __attribute__((always_inline)) void pv_rows_cols(
         float *dst = o[i / CV] + i % CV * VF_LANES;
         if (full)
             vf_storeu(dst, acc[i]);
-        else
+        else if (n[i % CV])
             vf_storeu_n(dst, n[i % CV], acc[i]);
     }
 }
 
 /* pv_rows_cols over all dv columns. */
 static inline __attribute__((always_inline)) void pv_rows(int32_t jn, const float *p, int32_t pp,
-                                                          const float *v, int64_t ldv,
-                                                          float *const *o, const float *alpha,
-                                                          int32_t dv, const int R)
+                                                          const char *const *vr, float *const *o,
+                                                          const float *alpha, int32_t dv,
+                                                          const int R, const int T)
 {
     const int32_t W = DOT_ACC / R * VF_LANES;
     float *od[4];
@@ -594,80 +711,114 @@ static inline __attribute__((always_inline)) void pv_rows(int32_t jn, const floa
         for (int rr = 0; rr < R; rr++)
             od[rr] = o[rr] + d;
         if (dv - d >= W)
-            pv_rows_cols(jn, p, pp, v + d, ldv, od, alpha, W, 1, R);
+            pv_rows_cols(jn, p, pp, vr, d, od, alpha, W, 1, R, T);
         else
-            pv_rows_cols(jn, p, pp, v + d, ldv, od, alpha, dv - d, 0, R);
+            pv_rows_cols(jn, p, pp, vr, d, od, alpha, dv - d, 0, R, T);
     }
 }
 
-/* The P.V of a dot pass's rows [rg, rg + valid), in the row groups of its scores. */
-static void pv_dot(pass *ps, int32_t rg, int valid, const float *v, int32_t js, int32_t jv)
+/* The P.V of a dot pass's rows [rg, rg + valid), keys [js, jv) of the tile, in the
+ * row groups of its scores. */
+static inline __attribute__((always_inline)) void pv_dot_as(pass *ps, int32_t rg, int valid,
+                                                            int32_t js, int32_t jv, const int T)
 {
-    const int64_t ldv = ps->blk->v_stride;
+    const int32_t dv = ps->blk->dv;
     for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r)) {
         const float *p = ps->st + js * ps->rp + r;
-        const float *vs = v + js * ldv;
+        const char *const *vr = ps->vr + js;
         switch (dot_group(rg + valid, r)) {
-        case 4: pv_rows(jv - js, p, ps->rp, vs, ldv, ps->out + r, ps->alpha + r, ps->blk->dv, 4); break;
-        case 2: pv_rows(jv - js, p, ps->rp, vs, ldv, ps->out + r, ps->alpha + r, ps->blk->dv, 2); break;
-        default: pv_rows(jv - js, p, ps->rp, vs, ldv, ps->out + r, ps->alpha + r, ps->blk->dv, 1); break;
+        case 4: pv_rows(jv - js, p, ps->rp, vr, ps->out + r, ps->alpha + r, dv, 4, T); break;
+        case 2: pv_rows(jv - js, p, ps->rp, vr, ps->out + r, ps->alpha + r, dv, 2, T); break;
+        default: pv_rows(jv - js, p, ps->rp, vr, ps->out + r, ps->alpha + r, dv, 1, T); break;
         }
+    }
+}
+
+/* One instance per element type of V. */
+static void pv_dot(pass *ps, int32_t rg, int valid, int32_t js, int32_t jv)
+{
+    switch (ps->blk->kv_type) {
+    case MHA_F16: pv_dot_as(ps, rg, valid, js, jv, MHA_F16); break;
+    case MHA_BF16: pv_dot_as(ps, rg, valid, js, jv, MHA_BF16); break;
+    case MHA_Q8_0: pv_dot_as(ps, rg, valid, js, jv, MHA_Q8_0); break;
+    default: pv_dot_as(ps, rg, valid, js, jv, MHA_F32); break;
+    }
+}
+
+/* The tiles of one row group over columns [c0, c1) of V, whose rows (pitch ldv
+ * floats) are at v for key js of the tile: PV_COLS at a time, then VF_LANES. */
+static void pv_cols(int32_t jn, const float *p, int32_t pp, const float *v, int64_t ldv,
+                    float *const o[PV_ROWS], const vf alpha[PV_ROWS], int valid, int32_t c0,
+                    int32_t c1)
+{
+    float *od[PV_ROWS];
+    int32_t d = c0;
+    for (; d + PV_COLS <= c1; d += PV_COLS) {
+        for (int i = 0; i < PV_ROWS; i++)
+            od[i] = o[i] + d;
+        pv_tile(jn, p, pp, v + (d - c0), ldv, od, alpha, valid);
+    }
+    for (; d < c1; d += VF_LANES) {
+        for (int i = 0; i < PV_ROWS; i++)
+            od[i] = o[i] + d;
+        pv_tail(jn, p, pp, v + (d - c0), ldv, od, alpha, valid, c1 - d < VF_LANES ? c1 - d : VF_LANES);
     }
 }
 
 /* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A row group
  * runs from the first to the last key any of its rows sees (P is 0 outside),
- * and a group that sees none of the tile keeps O (alpha is 1 or O is 0). */
+ * and a group that sees none of the tile keeps O (alpha is 1 or O is 0). V is
+ * read in place when direct; else STAGE_D columns at a time are staged for the
+ * keys any row group reads, then every group runs over them (the same tiles,
+ * column for column, as in place). */
 static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const int32_t dh = ps->blk->dv;
-    const int64_t ldv = ps->blk->v_stride;
-    const float *v = ps->blk->v + j0 * ldv;
     const int32_t group = ps->dot ? 4 : PV_ROWS;
-    for (int32_t rg = 0; rg < ps->nr; rg += group) {
-        const int valid = ps->nr - rg < group ? ps->nr - rg : group;
-        const span sp = ps->pv[rg / group];
-        const int32_t js = keys_from(sp, j0), jv = keys_to(sp, j0, jn);
-        if (jv <= js)
-            continue;
-        if (careful) {
-            for (int32_t r = rg; r < rg + valid; r++)
-                pv_row_careful(ps, r, v, js, jv);
-            continue;
-        }
-        if (ps->dot) {
-            pv_dot(ps, rg, valid, v, js, jv);
-            continue;
-        }
-        const float *p = ps->st + js * ps->rp + rg;
-        int32_t pp = ps->rp;
-        float *o[PV_ROWS];
-        vf alpha[PV_ROWS];
-        for (int i = 0; i < PV_ROWS; i++) { /* rows past the pass repeat its last one */
-            const int32_t r = i < valid ? rg + i : ps->nr - 1;
-            o[i] = ps->out[r];
-            alpha[i] = vf_set1(ps->alpha[r]);
-        }
-        if (valid < PV_ROWS) {
-            for (int32_t j = js; j < jv; j++)
-                for (int i = 0; i < PV_ROWS; i++)
-                    ps->ptail[(j - js) * PV_ROWS + i] =
-                        ps->st[j * ps->rp + (i < valid ? rg + i : ps->nr - 1)];
-            p = ps->ptail;
-            pp = PV_ROWS;
-        }
-        float *od[PV_ROWS];
-        int32_t d = 0;
-        for (; d + PV_COLS <= dh; d += PV_COLS) {
-            for (int i = 0; i < PV_ROWS; i++)
-                od[i] = o[i] + d;
-            pv_tile(jv - js, p, pp, v + js * ldv + d, ldv, od, alpha, valid);
-        }
-        for (; d < dh; d += VF_LANES) {
-            for (int i = 0; i < PV_ROWS; i++)
-                od[i] = o[i] + d;
-            pv_tail(jv - js, p, pp, v + js * ldv + d, ldv, od, alpha, valid,
-                    dh - d < VF_LANES ? dh - d : VF_LANES);
+    const int32_t cstep = ps->direct || ps->dot || careful ? dh : STAGE_D;
+    for (int32_t c0 = 0; c0 < dh; c0 += cstep) {
+        const int32_t c1 = dh - c0 < cstep ? dh : c0 + cstep;
+        if (!ps->direct && !ps->dot && !careful)
+            stage(ps->blk->kv_type, ps->vst, ps->vr, keys_from(ps->all, j0),
+                  keys_to(ps->all, j0, jn), c0, c1 - c0);
+        for (int32_t rg = 0; rg < ps->nr; rg += group) {
+            const int valid = ps->nr - rg < group ? ps->nr - rg : group;
+            const span sp = ps->pv[rg / group];
+            const int32_t js = keys_from(sp, j0), jv = keys_to(sp, j0, jn);
+            if (jv <= js)
+                continue;
+            if (careful) {
+                for (int32_t r = rg; r < rg + valid; r++)
+                    pv_row_careful(ps, r, js, jv);
+                continue;
+            }
+            if (ps->dot) {
+                pv_dot(ps, rg, valid, js, jv);
+                continue;
+            }
+            const float *p = ps->st + js * ps->rp + rg;
+            int32_t pp = ps->rp;
+            float *o[PV_ROWS];
+            vf alpha[PV_ROWS];
+            for (int i = 0; i < PV_ROWS; i++) { /* rows past the pass repeat its last one */
+                const int32_t r = i < valid ? rg + i : ps->nr - 1;
+                o[i] = ps->out[r];
+                alpha[i] = vf_set1(ps->alpha[r]);
+            }
+            if (valid < PV_ROWS) {
+                for (int32_t j = js; j < jv; j++)
+                    for (int i = 0; i < PV_ROWS; i++)
+                        ps->ptail[(j - js) * PV_ROWS + i] =
+                            ps->st[j * ps->rp + (i < valid ? rg + i : ps->nr - 1)];
+                p = ps->ptail;
+                pp = PV_ROWS;
+            }
+            if (ps->direct)
+                pv_cols(jv - js, p, pp, (const float *)ps->vr[js] + c0, ps->ldv, o, alpha, valid,
+                        c0, c1);
+            else
+                pv_cols(jv - js, p, pp, ps->vst + (int64_t)js * STAGE_D, STAGE_D, o, alpha, valid,
+                        c0, c1);
         }
     }
 }
@@ -715,7 +866,11 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->pv[rg / group] = rows_span(ps, rg, rg + group < nr ? rg + group : nr);
     const int32_t jmin = keys_from(ps->all, 0);
     ps->jmax = jmax;
-    ps->stream = (int64_t)(jmax - jmin) * (dk + dv) > KV_L2_FLOATS;
+    ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
+    ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
+    ps->stream = (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
+    ps->direct = blk->kv_type == MHA_F32 && !blk->k.table;
+    ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
         int32_t d = 0;
         for (; d + VF_LANES <= dv; d += VF_LANES)
@@ -723,7 +878,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         if (d < dv)
             vf_storeu_n(ps->out[r] + d, dv - d, vf_zero());
     }
-    ps->dc = QT_FLOATS / ps->rp;
+    ps->dc = QT_FLOATS / ps->rp / MHA_Q8_BLOCK * MHA_Q8_BLOCK; /* whole q8_0 blocks */
     if (ps->dot)
         pack_q_rows(ps);
     else if (dk <= ps->dc)
@@ -735,8 +890,9 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
         if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
+        tile_rows(ps, j0, jn);
         if (!ps->dot && j0 + jn < jmax)
-            prefetch_tile(blk, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
+            prefetch_tile(ps, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
         if (ps->dot)
             scores_dot(ps, j0, jn);
         else
@@ -750,7 +906,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             alibi_tile(ps, j0, jn);
         /* Some row hides a key of the tile that another row sees. */
         const int hides = ps->ke_min < j0 + jn || ps->kb_max > j0 || ps->bias_hides;
-        const int careful = hides && !v_finite(blk, j0, jn);
+        const int careful = hides && !v_finite(ps, jn);
         softmax_tile(ps, j0, jn, careful);
         pv(ps, j0, jn, careful);
     }

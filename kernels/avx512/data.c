@@ -1,5 +1,7 @@
-/* The in-place transpose of one L2 tile (simd/transpose.h) on the avx512 layer. */
+/* The shared data kernels on the avx512 layer: the in-place transpose of one L2
+ * tile (simd/transpose.h) and the element-type conversions (simd/convert.h). */
 #include "avx512/simd.h"
+#include "simd/convert.h"
 #include "simd/transpose.h"
 
 size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t elem)
@@ -10,4 +12,9 @@ size_t mha_transpose_scratch_bytes__avx512(int32_t rows, int32_t cols, int32_t e
 void mha_transpose__avx512(float *x, int32_t rows, int32_t cols, int32_t elem, void *scratch)
 {
     simd_transpose(x, rows, cols, elem, scratch);
+}
+
+void mha_convert__avx512(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n)
+{
+    simd_convert(to, dst, from, src, n);
 }

@@ -1,7 +1,8 @@
-/* In-place transpose of a rows x cols matrix of elem-float elements by cycle
- * following: the element at position p = r*cols + c moves to c*rows + r, so
- * position p receives the element from (p % rows)*cols + p / rows. A bitmap of
- * rows*cols bits marks positions already filled; one element is held aside. */
+/* The reference data kernels. The in-place transpose of a rows x cols matrix of
+ * elem-float elements by cycle following: the element at position p = r*cols + c
+ * moves to c*rows + r, so position p receives the element from (p % rows)*cols +
+ * p / rows. A bitmap of rows*cols bits marks positions already filled; one
+ * element is held aside. */
 #include <string.h>
 
 #include "internal.h"
@@ -35,5 +36,19 @@ void mha_transpose__scalar(float *x, int32_t rows, int32_t cols, int32_t elem, v
             p = src;
         }
         memcpy(x + p * elem, held, bytes);
+    }
+}
+
+/* The reference conversions of kernels/dtype.h, one value at a time. */
+void mha_convert__scalar(mha_dtype to, void *dst, mha_dtype from, const void *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x = mha_load_value(from, src, i);
+        if (to == MHA_F16)
+            ((uint16_t *)dst)[i] = mha_f32_to_f16(x);
+        else if (to == MHA_BF16)
+            ((uint16_t *)dst)[i] = mha_f32_to_bf16(x);
+        else
+            ((float *)dst)[i] = x;
     }
 }
