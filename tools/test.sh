@@ -7,11 +7,11 @@
 #  - the Python package: `pip install .` into a venv, its pytest suite (against
 #    float64 numpy and PyTorch) and the README's Python example;
 #  - the whole suite under ASan + UBSan, the cmocka suites under UBSan at -O0,
-#    and under valgrind memcheck for the scalar and native ISAs (sweeps thinned
-#    with MHA_TEST_QUICK);
+#    and under valgrind memcheck for the scalar and native ISAs (each with sweeps
+#    thinned by MHA_TEST_QUICK);
 #  - the libFuzzer target for MHA_FUZZ_SECONDS (default 60);
 #  - the benchmark harness in --quick mode (it must run; timings are not judged);
-#  - the NEON build cross-compiled for AArch64, its whole suite under qemu, and
+#  - the NEON build cross-compiled for AArch64, its whole suite under qemu (thinned), and
 #    its outputs on fixed inputs against the x86 scalar reference.
 # Ends with the wall time of each stage and one line "N passed, M failed, K
 # skipped" over all of them.
@@ -178,7 +178,8 @@ run_suite build-noomp --no-suite interop --no-suite validate
 
 stage "ASan + UBSan"
 build build-asan -Dwerror=true -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --no-suite interop
+# Sweeps thinned with MHA_TEST_QUICK: every path and tail, not the largest shapes.
+MHA_TEST_QUICK=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_suite build-asan --no-suite interop
 
 stage "UBSan at -O0"
 # At -O0 every operation is kept, so UBSan also sees those the optimizer folds

@@ -18,19 +18,23 @@ class Mask(C.Structure):
     _fields_ = [("key_lens", I32P), ("query_key_lens", I32P), ("bias", F32P),
                 ("bias_stride_b", C.c_int64), ("bias_stride_h", C.c_int64),
                 ("bias_stride_q", C.c_int64), ("causal", C.c_int32), ("window", C.c_int32),
-                ("softcap", C.c_float), ("alibi_slopes", F32P), ("sinks", F32P)]
+                ("softcap", C.c_float), ("alibi_slopes", F32P), ("sinks", F32P),
+                ("key_starts", I32P), ("q_offsets", I32P)]
 
 
 class AttnDims(C.Structure):
     _fields_ = [(n, C.c_int32) for n in ("batch", "heads", "kv_heads", "seq_q", "seq_kv",
-                                         "head_dim", "v_head_dim")]
+                                         "head_dim", "v_head_dim")] + [("dtype", C.c_int)]
 
 
 class KvCache(C.Structure):
-    _fields_ = [("k", F32P), ("v", F32P), ("batch", C.c_int32), ("kv_heads", C.c_int32),
-                ("head_dim", C.c_int32), ("capacity", C.c_int32), ("stride_b", C.c_int64),
-                ("stride_h", C.c_int64), ("stride_s", C.c_int64), ("v_head_dim", C.c_int32),
-                ("v_stride_b", C.c_int64), ("v_stride_h", C.c_int64), ("v_stride_s", C.c_int64)]
+    _fields_ = [("k", C.c_void_p), ("v", C.c_void_p), ("batch", C.c_int32),
+                ("kv_heads", C.c_int32), ("head_dim", C.c_int32), ("capacity", C.c_int32),
+                ("stride_b", C.c_int64), ("stride_h", C.c_int64), ("stride_s", C.c_int64),
+                ("v_head_dim", C.c_int32), ("v_stride_b", C.c_int64), ("v_stride_h", C.c_int64),
+                ("v_stride_s", C.c_int64), ("dtype", C.c_int), ("io_dtype", C.c_int),
+                ("block_table", I32P), ("block_size", C.c_int32), ("max_blocks", C.c_int32),
+                ("num_blocks", C.c_int32)]
 
 
 class LayerDesc(C.Structure):

@@ -182,8 +182,8 @@ class KVCache:
         self._lens = np.zeros(B, dtype=np.int32)
         ks = [self._k.strides[a] // 4 for a in axes]
         vs = [self._v.strides[a] // 4 for a in axes]
-        self._c = KvCache(_ptr(self._k), _ptr(self._v), B, G, self.head_dim, S, *ks,
-                          self.v_head_dim, *vs)
+        self._c = KvCache(self._k.ctypes.data, self._v.ctypes.data, B, G, self.head_dim, S,
+                          *ks, self.v_head_dim, *vs)
 
     # The arrays the library reads and writes in place: their contents may be changed
     # (lens[:] = 0 empties the cache), the arrays themselves not replaced.
