@@ -1,5 +1,6 @@
 /* libFuzzer target: the input chooses dims (v_head_dim included), masks and score
- * modifiers (window, softcap, ALiBi slopes, sinks), layout, a cache layout and
+ * modifiers (window, softcap, ALiBi slopes, sinks), key starts and query
+ * positions, layout, a cache layout, element type, io type, block table and
  * lengths, and a data seed; every ISA available is run against
  * the scalar reference on attention, cached attention (out and lse), the layer
  * and the head transpose. A mismatch beyond tolerance or a status other than the
@@ -30,9 +31,24 @@ static void require(int ok, const char *what)
     }
 }
 
-static int close_enough(const float *a, const float *b, size_t n)
+/* Within TOL_ISA, plus one unit in the last place of a 16-bit type t (two results
+   rounded from nearby floats). */
+static int close_enough(const float *a, const float *b, size_t n, mha_dtype t)
 {
-    return tol_ratio_f(a, b, (int64_t)n, TOL_ISA) <= 1.0;
+    if (t == MHA_F32)
+        return tol_ratio_f(a, b, (int64_t)n, TOL_ISA) <= 1.0;
+    const int bits = t == MHA_F16 ? 10 : 7;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i]) || isinf(a[i]) || isinf(b[i])) {
+            if (!(isnan(a[i]) && isnan(b[i])) && a[i] != b[i])
+                return 0;
+            continue;
+        }
+        const double ulp = ldexp(1.0, (b[i] == 0.0f ? -24 : ilogb(b[i])) - bits);
+        if (fabs(a[i] - b[i]) > ulp + TOL_ISA * (1.0 + fabs(b[i])))
+            return 0;
+    }
+    return 1;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -47,6 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* dv: head_dim (v_head_dim 0) for half the inputs, else 1..72 */
     const int32_t dv_field = shape & 1 ? 1 + (shape >> 1) % 72 : 0, dv = dv_field ? dv_field : dh;
     const uint8_t cache_byte = take(&p, &n), mods = take(&p, &n), mod_value = take(&p, &n);
+    const uint8_t typing = take(&p, &n);
     rng r = {0};
     for (size_t i = 0; i < n; i++)
         r.s = r.s * 131 + p[i];
@@ -88,6 +105,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (mods & 16)
             sinks[0] = 20.0f;
     }
+    /* Left padding and positions of query rows, each on for a quarter of the inputs. */
+    int32_t *starts = malloc(sizeof(int32_t) * (size_t)B), *offsets = malloc(sizeof(int32_t) * (size_t)B);
+    for (int32_t b = 0; b < B; b++) {
+        starts[b] = (int32_t)(rng_uniform(&r, 0, 1) * (float)(Skv + 1)) % (Skv + 1);
+        offsets[b] = (int32_t)rng_uniform(&r, -(float)Sq, (float)Skv);
+    }
+    if ((mods & 96) == 32)
+        mask.key_starts = starts;
+    if ((mods & 96) == 64)
+        mask.q_offsets = offsets;
     const mha_layout layout = (mha_layout)(flags >> 7);
     const mha_attn_dims d = {B, H, kv_heads, Sq, Skv, dh, dv_field, MHA_F32};
     float *want = malloc(no * sizeof(float)), *got = malloc(no * sizeof(float));
@@ -130,19 +157,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     float *lw = malloc(nout * sizeof(float)), *lg = malloc(nout * sizeof(float));
     float *tw = malloc(nq * sizeof(float)), *tg = malloc(nq * sizeof(float));
 
-    /* Cached attention: a cache of capacity Skv in the input's layout, kl as lens
-       (every row past them a NaN, which no output may show), the mask without
-       key_lens. */
+    /* Cached attention: a cache of capacity Skv in the input's layout and element type
+       (f32 where the dims refuse q8_0), contiguous or through a shuffled block table
+       (a block size that divides Skv), kl as lens (every row past them a NaN, which
+       no output may show), q and out f32 or 16-bit, the mask without key_lens. */
+    const mha_dtype ctype = (mha_dtype)(typing % 4), io = (mha_dtype)(typing / 4 % 3);
+    int32_t bs = typing & 32 ? 1 + (int32_t)(mod_value % (uint8_t)(Skv < 255 ? Skv : 255)) : 0;
+    while (bs > 0 && Skv % bs)
+        bs--;
     test_cache tc;
-    if (!test_cache_init(&tc, (cache_kind)(cache_byte % CACHE_KINDS), B, kv_heads, dh, dv_field,
-                         Skv))
+    if (!test_cache_init_as(&tc, (cache_kind)(cache_byte % CACHE_KINDS), ctype, io, bs, B, kv_heads,
+                            dh, dv_field, Skv, &r)
+        && !test_cache_init_as(&tc, CACHE_BHSD, MHA_F32, io, bs, B, kv_heads, dh, dv_field, Skv, &r))
         test_cache_init(&tc, CACHE_BHSD, B, kv_heads, dh, dv_field, Skv);
+    /* q in the cache's io type; outputs compared as floats. */
+    void *cq = malloc((size_t)mha_row_bytes(tc.c.io_dtype, (int64_t)nq));
+    typed_store(tc.c.io_dtype, cq, q, (int32_t)nq);
     test_cache_fill(&tc, &r, kl);
     mha_mask cmask = mask;
     cmask.key_lens = NULL;
     const size_t nl = (size_t)B * H * Sq;
     float *cw = malloc(no * sizeof(float)), *cg = malloc(no * sizeof(float));
     float *ew = malloc(nl * sizeof(float)), *eg = malloc(nl * sizeof(float)); /* lse */
+    void *craw = malloc(no * sizeof(float)); /* an output of the io type */
     const mha_layout clayout = (mha_layout)((cache_byte >> 2) & 1);
 
     /* Lengths outside [0, capacity], when the input asks: refused, nothing written. */
@@ -156,9 +193,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(cw, cg, no * sizeof(float));
         memset(eg, 0x7f, nl * sizeof(float));
         memcpy(ew, eg, nl * sizeof(float));
-        require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &cmask, cg, clayout, eg)
+        require(mha_attention_cached(&tc.c, kl, cq, H, Sq, scale, &cmask, cg, clayout, eg)
                     == MHA_ERR_SHAPE, "invalid cache length accepted");
-        require(mha_kv_append(&tc.c, kl, k, v, 1) == MHA_ERR_SHAPE, "invalid append accepted");
+        require(mha_kv_append(&tc.c, kl, cq, cq, 1) == MHA_ERR_SHAPE, "invalid append accepted");
         require(memcmp(cg, cw, no * sizeof(float)) == 0 && memcmp(eg, ew, nl * sizeof(float)) == 0,
                 "cached output written on error");
         require(memcmp(kcopy, tc.kbuf, tc.kn * sizeof(float)) == 0
@@ -168,6 +205,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(vcopy);
         kl[B - 1] = saved;
     }
+    /* A block table entry outside the pool for a row the call needs: refused. */
+    if (bad % 8 == 4 && tc.table && kl[0] > 0) {
+        const int32_t saved = tc.table[0];
+        tc.table[0] = bad & 8 ? -1 : tc.c.num_blocks;
+        float *kcopy = malloc(tc.kn * sizeof(float));
+        memcpy(kcopy, tc.kbuf, tc.kn * sizeof(float));
+        memset(cg, 0x7f, no * sizeof(float));
+        memcpy(cw, cg, no * sizeof(float));
+        require(mha_attention_cached(&tc.c, kl, cq, H, Sq, scale, &cmask, cg, clayout, NULL)
+                    == MHA_ERR_ARG, "a block outside the pool accepted");
+        require(kl[0] >= Skv || mha_kv_append(&tc.c, kl, cq, cq, 1) == MHA_ERR_ARG,
+                "an append through a block outside the pool accepted");
+        require(memcmp(cg, cw, no * sizeof(float)) == 0 && memcmp(kcopy, tc.kbuf, tc.kn * sizeof(float)) == 0,
+                "written on a bad block table");
+        free(kcopy);
+        tc.table[0] = saved;
+    }
     if (bad % 8 == 3) {
         mha_mask broken = cmask;
         broken.window = -1;
@@ -175,7 +229,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(cw, cg, no * sizeof(float));
         memset(eg, 0x7f, nl * sizeof(float));
         memcpy(ew, eg, nl * sizeof(float));
-        require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &broken, cg, clayout, eg)
+        require(mha_attention_cached(&tc.c, kl, cq, H, Sq, scale, &broken, cg, clayout, eg)
                     == MHA_ERR_MASK, "invalid cached modifier accepted");
         require(memcmp(cg, cw, no * sizeof(float)) == 0 && memcmp(eg, ew, nl * sizeof(float)) == 0,
                 "cached output written on error");
@@ -184,8 +238,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const mha_isa start = mha_isa_active();
     require(mha_isa_force(MHA_ISA_SCALAR) == MHA_OK, "force scalar");
     require(mha_attention(&d, q, k, v, scale, &mask, want, layout) == MHA_OK, "scalar attention");
-    require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &cmask, cw, clayout, ew) == MHA_OK,
+    require(mha_attention_cached(&tc.c, kl, cq, H, Sq, scale, &cmask, craw, clayout, ew) == MHA_OK,
             "scalar cached attention");
+    for (size_t i = 0; i < no; i++)
+        cw[i] = (float)ref_value(tc.c.io_dtype, craw, (int64_t)i);
     for (size_t i = 0; i < no; i++)
         require(isfinite(cw[i]), "a hidden cache row reached the output");
     require(mha_layer_forward(t.layer, xq, xk, xk, B, Sq, Skv, &mask, lw, NULL, 0) == MHA_OK,
@@ -197,14 +253,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue;
         require(mha_isa_force((mha_isa)isa) == MHA_OK, "force isa");
         require(mha_attention(&d, q, k, v, scale, &mask, got, layout) == MHA_OK, "attention");
-        require(close_enough(got, want, no), "attention differs from scalar");
-        require(mha_attention_cached(&tc.c, kl, q, H, Sq, scale, &cmask, cg, clayout, eg)
+        require(close_enough(got, want, no, MHA_F32), "attention differs from scalar");
+        require(mha_attention_cached(&tc.c, kl, cq, H, Sq, scale, &cmask, craw, clayout, eg)
                     == MHA_OK, "cached attention");
-        require(close_enough(cg, cw, no) && close_enough(eg, ew, nl),
+        for (size_t i = 0; i < no; i++)
+            cg[i] = (float)ref_value(tc.c.io_dtype, craw, (int64_t)i);
+        require(close_enough(cg, cw, no, tc.c.io_dtype) && close_enough(eg, ew, nl, MHA_F32),
                 "cached attention differs from scalar");
         require(mha_layer_forward(t.layer, xq, xk, xk, B, Sq, Skv, &mask, lg, NULL, 0) == MHA_OK,
                 "layer");
-        require(close_enough(lg, lw, nout), "layer differs from scalar");
+        require(close_enough(lg, lw, nout, MHA_F32), "layer differs from scalar");
         memcpy(tg, q, nq * sizeof(float));
         require(mha_heads_split(tg, B, Sq, H, dh) == MHA_OK, "split");
         require(memcmp(tg, tw, nq * sizeof(float)) == 0, "split differs from scalar");
@@ -216,6 +274,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (xk != xq)
         free(xk);
     float *bufs[] = {q, k, v, bias, want, got, xq, lw, lg, tw, tg, cw, cg, ew, eg, slopes, sinks};
+    free(cq), free(craw), free(starts), free(offsets);
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(kl);

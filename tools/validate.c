@@ -9,7 +9,9 @@
  *                                   errors and the layer's time per ISA, then a
  *                                   decode step's time per ISA
  * Every mode also checks mha_attention_cached (decode and chunked prefill over a
- * token-major cache, GQA, split keys, every mask kind and score modifier).
+ * token-major cache, GQA, split keys, every mask kind and score modifier) on a
+ * cache of every element type (f32, f16, bf16, q8_0, written by mha_kv_append),
+ * and --report times a decode step per ISA and cache type.
  */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dtype.h"
 #include "isa_list.h"
 #include "mha.h"
 #include "ref64.h"
@@ -25,9 +28,13 @@
 #define TOL_ISA 1e-5 /* optimized ISA vs scalar */
 #define TOL_REF 2e-5 /* scalar vs float64 */
 
-enum { KERNEL_QKV, KERNEL_ATTN, KERNEL_SPLIT, KERNEL_LAYER, KERNEL_CACHED, NKERNEL };
+/* The kernel families, then cached attention once per cache type of the list. */
+#define CACHED_NAME_(name, value, bytes, values, io) "cached " #name,
+#define PLUS_ONE_(name, value, bytes, values, io) +1
+enum { KERNEL_QKV, KERNEL_ATTN, KERNEL_SPLIT, KERNEL_LAYER, KERNEL_CACHED,
+       NKERNEL = KERNEL_CACHED MHA_DTYPE_LIST(PLUS_ONE_) };
 static const char *kernel_names[NKERNEL] = {"qkv_project", "attention", "heads_split", "layer",
-                                            "cached"};
+                                            MHA_DTYPE_LIST(CACHED_NAME_)};
 
 typedef struct stat_cell {
     double abs_err, rel_err, ratio;
@@ -203,7 +210,33 @@ typedef struct decode_shape {
     int32_t B, H, Hkv, dh, dv, cap, seq_q;
 } decode_shape;
 
-static void validate_cached(const decode_shape *s)
+/* A cache [B][cap][Hkv][dh] of type t holding k and v (rows [B][Hkv][cap][d]),
+   written by mha_kv_append; NULL data when the dims do not suit t. */
+static mha_kv_cache typed_cache(const decode_shape *s, mha_dtype t, const float *k, const float *v)
+{
+    const int32_t per = t == MHA_Q8_0 ? 32 : 1;
+    mha_kv_cache c = {.batch = s->B, .kv_heads = s->Hkv, .head_dim = s->dh, .capacity = s->cap,
+                      .stride_b = (int64_t)s->cap * s->Hkv * s->dh / per, .stride_h = s->dh / per,
+                      .stride_s = (int64_t)s->Hkv * s->dh / per, .v_head_dim = s->dv,
+                      .v_stride_b = (int64_t)s->cap * s->Hkv * s->dv / per,
+                      .v_stride_h = s->dv / per, .v_stride_s = (int64_t)s->Hkv * s->dv / per,
+                      .dtype = t};
+    if (s->dh % per || s->dv % per)
+        return c;
+    const int64_t unit = t == MHA_Q8_0 ? 34 : t == MHA_F32 ? 4 : 2;
+    c.k = malloc((size_t)(c.stride_b * s->B * unit));
+    c.v = malloc((size_t)(c.v_stride_b * s->B * unit));
+    if (!c.k || !c.v) {
+        fprintf(stderr, "mha-validate: out of memory\n");
+        exit(2);
+    }
+    int32_t *zero = calloc((size_t)s->B, sizeof(int32_t));
+    check(mha_kv_append(&c, zero, k, v, s->cap), "mha_kv_append");
+    free(zero);
+    return c;
+}
+
+static void validate_cached(const decode_shape *s, mha_dtype t)
 {
     const int64_t nk = (int64_t)s->B * s->cap * s->Hkv * s->dh;
     const int64_t nv = (int64_t)s->B * s->cap * s->Hkv * s->dv;
@@ -216,19 +249,14 @@ static void validate_cached(const decode_shape *s)
     int32_t *lens = malloc(sizeof(int32_t) * (size_t)s->B);
     for (int32_t b = 0; b < s->B; b++)
         lens[b] = s->cap - (b * 37) % s->cap;
-    const mha_kv_cache cache = {.k = k, .v = v, .batch = s->B, .kv_heads = s->Hkv,
-                                .head_dim = s->dh, .capacity = s->cap,
-                                .stride_b = (int64_t)s->cap * s->Hkv * s->dh, .stride_h = s->dh,
-                                .stride_s = (int64_t)s->Hkv * s->dh, .v_head_dim = s->dv,
-                                .v_stride_b = (int64_t)s->cap * s->Hkv * s->dv,
-                                .v_stride_h = s->dv, .v_stride_s = (int64_t)s->Hkv * s->dv};
+    const mha_kv_cache cache = typed_cache(s, t, k, v);
     const mha_mask masks[] = {{0},
                               {.causal = 1, .window = 200},
                               {.causal = 1, .softcap = 30.0f, .alibi_slopes = slopes,
                                .sinks = sinks}};
     float *ref = alloc_floats(nout + nlse, 0), *got = alloc_floats(nout + nlse, 0);
     const float scale = 1.0f / sqrtf((float)s->dh);
-    for (size_t m = 0; m < sizeof masks / sizeof *masks; m++) {
+    for (size_t m = 0; cache.k && m < sizeof masks / sizeof *masks; m++) {
         check(mha_isa_force(MHA_ISA_SCALAR), "mha_isa_force");
         check(mha_attention_cached(&cache, lens, q, s->H, s->seq_q, scale, &masks[m], ref,
                                    MHA_LAYOUT_BHSD, ref + nout), "mha_attention_cached");
@@ -239,13 +267,15 @@ static void validate_cached(const decode_shape *s)
             check(mha_isa_force((mha_isa)isa), "mha_isa_force");
             check(mha_attention_cached(&cache, lens, q, s->H, s->seq_q, scale, &masks[m], got,
                                        MHA_LAYOUT_BHSD, got + nout), "mha_attention_cached");
-            record(&stats[KERNEL_CACHED][isa], got, r, nout + nlse, TOL_ISA);
+            record(&stats[KERNEL_CACHED + t][isa], got, r, nout + nlse, TOL_ISA);
         }
         free(r);
     }
     float *bufs[] = {k, v, q, slopes, sinks, ref, got};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
+    free(cache.k);
+    free(cache.v);
     free(lens);
 }
 
@@ -311,23 +341,22 @@ static void time_layer(const shape *s)
     free(ws);
 }
 
-/* Median milliseconds per ISA of one decode step (mha_attention_cached, seq_q 1). */
-static void time_decode(const decode_shape *s)
+/* Median milliseconds per ISA of one decode step (mha_attention_cached, seq_q 1) on a
+   cache of type t. */
+static void time_decode(const decode_shape *s, mha_dtype t)
 {
     const int64_t n = (int64_t)s->B * s->cap * s->Hkv * s->dh;
     float *k = alloc_floats(n, 1.0f), *v = alloc_floats(n, 1.0f);
+    const int64_t bytes = 2 * n / (t == MHA_Q8_0 ? 32 : 1) * (t == MHA_Q8_0 ? 34 : t == MHA_F32 ? 4 : 2);
     float *q = alloc_floats((int64_t)s->B * s->H * s->dh, 1.0f);
     float *out = alloc_floats((int64_t)s->B * s->H * s->dh, 0.0f);
     int32_t *lens = malloc(sizeof(int32_t) * (size_t)s->B);
     for (int32_t b = 0; b < s->B; b++)
         lens[b] = s->cap;
-    const mha_kv_cache cache = {.k = k, .v = v, .batch = s->B, .kv_heads = s->Hkv,
-                                .head_dim = s->dh, .capacity = s->cap,
-                                .stride_b = (int64_t)s->Hkv * s->cap * s->dh,
-                                .stride_h = (int64_t)s->cap * s->dh, .stride_s = s->dh};
+    const mha_kv_cache cache = typed_cache(s, t, k, v);
     const mha_mask causal = {.causal = 1};
-    printf("\ndecode step, B=%d heads=%d kv_heads=%d head_dim=%d, %d cached keys (median):\n",
-           s->B, s->H, s->Hkv, s->dh, s->cap);
+    printf("\ndecode step, B=%d heads=%d kv_heads=%d head_dim=%d, %d cached keys, %s cache "
+           "(median):\n", s->B, s->H, s->Hkv, s->dh, s->cap, mha_dtype_name(t));
     for (int isa = 0; isa < MHA_ISA_COUNT; isa++) {
         if (!mha_isa_available((mha_isa)isa))
             continue;
@@ -345,10 +374,12 @@ static void time_decode(const decode_shape *s)
         qsort(times, (size_t)runs, sizeof *times, cmp_double);
         const double ms = 1e3 * times[runs / 2];
         printf("  %-6s %9.3f ms  %7.1f GB/s of K and V  (%d runs)\n", mha_isa_name((mha_isa)isa),
-               ms, 2.0 * (double)n * sizeof(float) / (ms * 1e6), runs);
+               ms, (double)bytes / (ms * 1e6), runs);
     }
     free(k);
     free(v);
+    free(cache.k);
+    free(cache.v);
     free(q);
     free(out);
     free(lens);
@@ -455,12 +486,14 @@ int main(int argc, char **argv)
     };
     printf("validating mha_attention_cached on %zu decode and prefill shapes\n",
            sizeof decodes / sizeof *decodes);
-    for (size_t i = 0; i < sizeof decodes / sizeof *decodes; i++)
-        validate_cached(&decodes[i]);
+    for (int t = 0; t < MHA_DTYPE_COUNT; t++)
+        for (size_t i = 0; i < sizeof decodes / sizeof *decodes; i++)
+            validate_cached(&decodes[i], (mha_dtype)t);
     const int failed = print_table();
     if (report) {
         time_layer(&bert);
-        time_decode(&(decode_shape){1, 32, 8, 128, 128, 4096, 1});
+        for (int t = 0; t < MHA_DTYPE_COUNT; t++)
+            time_decode(&(decode_shape){1, 32, 8, 128, 128, 4096, 1}, (mha_dtype)t);
     }
     mha_isa_force(start);
     printf("\n%s\n", failed ? "FAILED: errors beyond tolerance" : "all ISAs within tolerance");

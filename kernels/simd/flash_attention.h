@@ -56,6 +56,23 @@
 #include "simd/convert.h"
 #include "simd/math.h"
 
+/* Loops over a register tile's vectors are unrolled whole, so that its arrays live in
+ * registers. Builds under AddressSanitizer, which instruments every access, keep
+ * the loops: the same arithmetic in the same order, in far less code to compile. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SIMD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIMD_ASAN 1
+#endif
+#endif
+#define SIMD_PRAGMA_(x) _Pragma(#x)
+#ifdef SIMD_ASAN
+#define SIMD_UNROLL(n) SIMD_PRAGMA_(GCC unroll 1)
+#else
+#define SIMD_UNROLL(n) SIMD_PRAGMA_(GCC unroll n)
+#endif
+
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
     KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
@@ -318,26 +335,26 @@ static inline __attribute__((always_inline)) void dot_tile(const float *q, int32
     const int KS = DOT_SCORES / R;
     const int CH = T == MHA_Q8_0 ? MHA_Q8_BLOCK : VF_LANES; /* values per scale */
     vf acc[DOT_SCORES];
-#pragma GCC unroll 16
+SIMD_UNROLL(16)
     for (int i = 0; i < DOT_SCORES; i++)
         acc[i] = vf_zero();
     const int32_t tail = dk % VF_LANES; /* 0 for q8_0 (dk % 32 == 0) */
     for (int32_t d0 = 0; d0 < dk - tail; d0 += CH) {
         vf sc[DOT_SCORES];
-#pragma GCC unroll 16
+SIMD_UNROLL(16)
         for (int kk = 0; kk < KS; kk++)
             sc[kk] = T == MHA_Q8_0 ? vf_q8_scale(k[kk] + d0 / MHA_Q8_BLOCK * MHA_Q8_BYTES)
                                    : vf_zero();
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
         for (int32_t d = d0; d < d0 + CH; d += VF_LANES) {
             vf qv[4];
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
             for (int rr = 0; rr < R; rr++)
                 qv[rr] = vf_loadu(q + rr * dk + d);
-#pragma GCC unroll 16
+SIMD_UNROLL(16)
             for (int kk = 0; kk < KS; kk++) {
                 const vf kv = load_kv(T, k[kk], d, sc[kk]);
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
                 for (int rr = 0; rr < R; rr++)
                     acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
             }
@@ -346,20 +363,43 @@ static inline __attribute__((always_inline)) void dot_tile(const float *q, int32
     if (T != MHA_Q8_0 && tail) {
         const int32_t d = dk - tail;
         vf qv[4];
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
         for (int rr = 0; rr < R; rr++)
             qv[rr] = vf_loadu_n(q + rr * dk + d, tail);
-#pragma GCC unroll 16
+SIMD_UNROLL(16)
         for (int kk = 0; kk < KS; kk++) {
             const vf kv = vf_load_as_n(T, k[kk], d, tail);
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
             for (int rr = 0; rr < R; rr++)
                 acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
         }
     }
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
     for (int i = 0; i < DOT_REDUCES; i++)
         vf_storeu(s + i * VF_LANES, vf_reduce_lanes(acc + i * VF_LANES));
+}
+
+/* dot_tile for R rows of K rows of type T, out of line: one instance of each of
+ * the twelve, called per key step (sanitizer builds would otherwise compile many
+ * inlined copies). */
+__attribute__((noinline)) static void dot_tiles(const float *q, int32_t dk, const char *const *k,
+                                                float *s, int R, mha_dtype T)
+{
+#define DOT_TILE_CASE_(r, t)                \
+    case r * MHA_DTYPE_COUNT + t:           \
+        dot_tile(q, dk, k, s, r, t);        \
+        break;
+#define DOT_TILE_TYPES_(r)                                                              \
+    DOT_TILE_CASE_(r, MHA_F32) DOT_TILE_CASE_(r, MHA_F16) DOT_TILE_CASE_(r, MHA_BF16) \
+    DOT_TILE_CASE_(r, MHA_Q8_0)
+    switch (R * MHA_DTYPE_COUNT + (int)T) {
+        DOT_TILE_TYPES_(4)
+        DOT_TILE_TYPES_(2)
+        DOT_TILE_TYPES_(1)
+    default: break;
+    }
+#undef DOT_TILE_TYPES_
+#undef DOT_TILE_CASE_
 }
 
 /* The row groups of a dot pass: 4 rows while 4 remain, then 2, then 1. */
@@ -380,14 +420,13 @@ static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0,
     const int KS = DOT_SCORES / R;
     const mha_attn_block *blk = ps->blk;
     const int32_t dk = blk->dk;
-#pragma GCC unroll 4
     for (int sub = 0; sub < R; sub++) {
         const int32_t p0 = pf + sub * KS < ps->jmax ? pf + sub * KS : ps->jmax;
         const int32_t p1 = p0 + KS < ps->jmax ? p0 + KS : ps->jmax;
         if (pf >= 0)
             prefetch_rows(&blk->k, ps->kbytes, p0, p1);
         float s[DOT_SCORES];
-        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, T);
+        dot_tiles(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, (mha_dtype)T);
         if (pf >= 0)
             prefetch_rows(&blk->v, ps->vbytes, p0, p1);
         for (int kk = 0; kk < KS && j + sub * KS + kk < jt; kk++)
@@ -639,110 +678,92 @@ static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
     }
 }
 
-/* Accumulators of the dot passes' P.V: half the register file. */
-enum { DOT_ACC = VF_REGS / 2 };
+/* Column vectors per sweep of the dot passes' P.V for R rows: half the register
+ * file in accumulators, at most 8 per row (8 independent chains cover the latency). */
+#define DOT_COLS(R) (VF_REGS / 2 / (R) < 8 ? VF_REGS / 2 / (R) : 8)
 
-/* o[rr] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v_j[d ..] over `cols`
- * columns from d (1..W, W = DOT_ACC / R vectors; all W when full) for R rows (4, 2
- * or 1), v_j the row vr[j] of type T: DOT_ACC accumulators, each V vector loaded
- * once for the R rows. A sweep lies within one q8_0 block, or covers whole ones
+/* o[rr][d ..] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v_j[d ..] for R rows (4,
+ * 2 or 1) over NV column vectors from d, v_j the row vr[j] of type T: R x NV
+ * accumulators, each V vector loaded once for the R rows; MASKED: one vector of
+ * `last` lanes (a dv tail). A sweep lies within one q8_0 block or covers whole ones
  * (dv % 32 == 0): each block's scale is loaded once per key. */
-static inline __attribute__((always_inline)) void pv_rows_cols(
+static inline __attribute__((always_inline)) void pv_sweep(
     int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
-    const float *alpha, int32_t cols, int full, const int R, const int T)
+    const float *alpha, int32_t last, const int R, const int T, const int NV, const int MASKED)
 {
-    const int CV = DOT_ACC / R;
-    const int VPB = T == MHA_Q8_0 && CV * VF_LANES >= MHA_Q8_BLOCK ? MHA_Q8_BLOCK / VF_LANES : CV;
-    vf acc[DOT_ACC];
-    int32_t n[DOT_ACC];
-#pragma GCC unroll 16
-    for (int c = 0; c < CV; c++)
-        n[c] = full ? VF_LANES : cols - c * VF_LANES < 0 ? 0
-               : cols - c * VF_LANES > VF_LANES        ? VF_LANES
-                                                       : cols - c * VF_LANES;
-#pragma GCC unroll 16
-    for (int i = 0; i < R * CV; i++) {
-        const float *src = o[i / CV] + i % CV * VF_LANES;
-        acc[i] = vf_mul(vf_set1(alpha[i / CV]), full ? vf_loadu(src) : vf_loadu_n(src, n[i % CV]));
+    const int VPB = T == MHA_Q8_0 && NV * VF_LANES >= MHA_Q8_BLOCK ? MHA_Q8_BLOCK / VF_LANES : NV;
+    vf acc[4 * 8];
+SIMD_UNROLL(32)
+    for (int i = 0; i < R * NV; i++) {
+        const float *src = o[i / NV] + d + i % NV * VF_LANES;
+        acc[i] = vf_mul(vf_set1(alpha[i / NV]), MASKED ? vf_loadu_n(src, last) : vf_loadu(src));
     }
     for (int32_t j = 0; j < jn; j++) {
-        vf vv[DOT_ACC];
-#pragma GCC unroll 16
-        for (int c0 = 0; c0 < CV; c0 += VPB) {
-            /* A partial q8_0 sweep holds whole blocks (dv % 32 == 0): n[c0] is 0 or all. */
-            const int in_row = full || n[c0] > 0;
-            const vf sc = T == MHA_Q8_0 && in_row
-                              ? vf_q8_scale(row_at(MHA_Q8_0, vr[j], d + c0 * VF_LANES))
-                              : vf_zero();
-#pragma GCC unroll 16
+        vf vv[8];
+SIMD_UNROLL(8)
+        for (int c0 = 0; c0 < NV; c0 += VPB) {
+            const vf sc = T == MHA_Q8_0 ? vf_q8_scale(row_at(MHA_Q8_0, vr[j], d + c0 * VF_LANES))
+                                        : vf_zero();
+SIMD_UNROLL(8)
             for (int c = c0; c < c0 + VPB; c++)
-                vv[c] = full ? load_kv(T, vr[j], d + c * VF_LANES, sc)
-                        : !n[c] ? vf_zero()
-                        : T == MHA_Q8_0 ? load_kv(T, vr[j], d + c * VF_LANES, sc)
-                                        : vf_load_as_n(T, vr[j], d + c * VF_LANES, n[c]);
+                vv[c] = MASKED && T != MHA_Q8_0 ? vf_load_as_n(T, vr[j], d + c * VF_LANES, last)
+                                                : load_kv(T, vr[j], d + c * VF_LANES, sc);
         }
-#pragma GCC unroll 4
+SIMD_UNROLL(4)
         for (int rr = 0; rr < R; rr++) {
             const vf pb = vf_set1(p[(int64_t)j * pp + rr]);
-#pragma GCC unroll 16
-            for (int c = 0; c < CV; c++)
-                acc[rr * CV + c] = vf_fmadd(pb, vv[c], acc[rr * CV + c]);
+SIMD_UNROLL(8)
+            for (int c = 0; c < NV; c++)
+                acc[rr * NV + c] = vf_fmadd(pb, vv[c], acc[rr * NV + c]);
         }
     }
-#pragma GCC unroll 16
-    for (int i = 0; i < R * CV; i++) {
-        float *dst = o[i / CV] + i % CV * VF_LANES;
-        if (full)
+SIMD_UNROLL(32)
+    for (int i = 0; i < R * NV; i++) {
+        float *dst = o[i / NV] + d + i % NV * VF_LANES;
+        if (MASKED)
+            vf_storeu_n(dst, last, acc[i]);
+        else
             vf_storeu(dst, acc[i]);
-        else if (n[i % CV])
-            vf_storeu_n(dst, n[i % CV], acc[i]);
     }
 }
 
-/* pv_rows_cols over all dv columns. */
-static inline __attribute__((always_inline)) void pv_rows(int32_t jn, const float *p, int32_t pp,
-                                                          const char *const *vr, float *const *o,
-                                                          const float *alpha, int32_t dv,
-                                                          const int R, const int T)
+/* The P.V of R rows over all dv columns: sweeps of DOT_COLS(R) vectors, then one
+ * vector at a time (the last masked); one instance per (R, T), out of line as
+ * dot_tiles. */
+__attribute__((noinline)) static void pv_rows(int32_t jn, const float *p, int32_t pp,
+                                              const char *const *vr, float *const *o,
+                                              const float *alpha, int32_t dv, int R, mha_dtype T)
 {
-    const int32_t W = DOT_ACC / R * VF_LANES;
-    float *od[4];
-    for (int32_t d = 0; d < dv; d += W) {
-        for (int rr = 0; rr < R; rr++)
-            od[rr] = o[rr] + d;
-        if (dv - d >= W)
-            pv_rows_cols(jn, p, pp, vr, d, od, alpha, W, 1, R, T);
-        else
-            pv_rows_cols(jn, p, pp, vr, d, od, alpha, dv - d, 0, R, T);
+#define PV_ROWS_CASE_(r, t)                                                                \
+    case r * MHA_DTYPE_COUNT + t: {                                                        \
+        int32_t d = 0;                                                                     \
+        for (; d + DOT_COLS(r) * VF_LANES <= dv; d += DOT_COLS(r) * VF_LANES)              \
+            pv_sweep(jn, p, pp, vr, d, o, alpha, VF_LANES, r, t, DOT_COLS(r), 0);          \
+        for (; d < dv; d += VF_LANES)                                                      \
+            pv_sweep(jn, p, pp, vr, d, o, alpha, dv - d < VF_LANES ? dv - d : VF_LANES, r, t, \
+                     1, 1);                                                                \
+        break;                                                                             \
     }
+#define PV_ROWS_TYPES_(r)                                                            \
+    PV_ROWS_CASE_(r, MHA_F32) PV_ROWS_CASE_(r, MHA_F16) PV_ROWS_CASE_(r, MHA_BF16) \
+    PV_ROWS_CASE_(r, MHA_Q8_0)
+    switch (R * MHA_DTYPE_COUNT + (int)T) {
+        PV_ROWS_TYPES_(4)
+        PV_ROWS_TYPES_(2)
+        PV_ROWS_TYPES_(1)
+    default: break;
+    }
+#undef PV_ROWS_TYPES_
+#undef PV_ROWS_CASE_
 }
 
 /* The P.V of a dot pass's rows [rg, rg + valid), keys [js, jv) of the tile, in the
  * row groups of its scores. */
-static inline __attribute__((always_inline)) void pv_dot_as(pass *ps, int32_t rg, int valid,
-                                                            int32_t js, int32_t jv, const int T)
-{
-    const int32_t dv = ps->blk->dv;
-    for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r)) {
-        const float *p = ps->st + js * ps->rp + r;
-        const char *const *vr = ps->vr + js;
-        switch (dot_group(rg + valid, r)) {
-        case 4: pv_rows(jv - js, p, ps->rp, vr, ps->out + r, ps->alpha + r, dv, 4, T); break;
-        case 2: pv_rows(jv - js, p, ps->rp, vr, ps->out + r, ps->alpha + r, dv, 2, T); break;
-        default: pv_rows(jv - js, p, ps->rp, vr, ps->out + r, ps->alpha + r, dv, 1, T); break;
-        }
-    }
-}
-
-/* One instance per element type of V. */
 static void pv_dot(pass *ps, int32_t rg, int valid, int32_t js, int32_t jv)
 {
-    switch (ps->blk->kv_type) {
-    case MHA_F16: pv_dot_as(ps, rg, valid, js, jv, MHA_F16); break;
-    case MHA_BF16: pv_dot_as(ps, rg, valid, js, jv, MHA_BF16); break;
-    case MHA_Q8_0: pv_dot_as(ps, rg, valid, js, jv, MHA_Q8_0); break;
-    default: pv_dot_as(ps, rg, valid, js, jv, MHA_F32); break;
-    }
+    for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r))
+        pv_rows(jv - js, ps->st + js * ps->rp + r, ps->rp, ps->vr + js, ps->out + r, ps->alpha + r,
+                ps->blk->dv, dot_group(rg + valid, r), ps->blk->kv_type);
 }
 
 /* The tiles of one row group over columns [c0, c1) of V, whose rows (pitch ldv
