@@ -104,9 +104,10 @@ struct Shape {
     const char *name;
     const char *group; // bert, long, gqa, ...: rows of the table, series of the plots
     int32_t batch, seq, heads, kv_heads, head_dim;
-    bool causal;   // attention only
-    unsigned runs; // Family bits
-    bool quick;    // also run with --quick
+    bool causal;     // attention only
+    unsigned runs;   // Family bits
+    bool quick;      // also run with --quick
+    mha_dtype dtype = MHA_F32; // of q, k, v and out (attention only)
 };
 
 const Shape kShapes[] = {
@@ -121,6 +122,13 @@ const Shape kShapes[] = {
     {"gqa-s2048", "gqa", 1, 2048, 32, 8, 128, false, ALL, false},
     // The head transpose on a 64 MiB tensor, far beyond the caches (the spec's target).
     {"transpose-64MiB", "transpose", 1, 16384, 16, 16, 64, false, TRANSPOSE, true},
+    // Attention on 16-bit activations, against the peers in the same type.
+    {"bert-b8-f16", "f16", 8, 128, 12, 12, 64, false, ATTENTION, false, MHA_F16},
+    {"long-s2048-f16", "f16", 1, 2048, 12, 12, 64, false, ATTENTION, false, MHA_F16},
+    {"gqa-s2048-f16", "f16", 1, 2048, 32, 8, 128, false, ATTENTION, false, MHA_F16},
+    {"bert-b8-bf16", "bf16", 8, 128, 12, 12, 64, false, ATTENTION, false, MHA_BF16},
+    {"long-s2048-bf16", "bf16", 1, 2048, 12, 12, 64, false, ATTENTION, true, MHA_BF16},
+    {"gqa-s2048-bf16", "bf16", 1, 2048, 32, 8, 128, false, ATTENTION, false, MHA_BF16},
 };
 
 // The name of a family (one bit).
@@ -135,8 +143,9 @@ const char *family_name(Family f)
 enum Modifier { NO_MODIFIER, WINDOW, SOFTCAP, ALIBI, SINKS };
 const char *const kModifierNames[] = {"none", "window", "softcap", "alibi", "sinks"};
 // What <isa>-ref runs (see the top of this file).
-enum Reference { NO_REF, REF_ATTENTION, REF_FULL, REF_PLAIN, REF_DENSE };
-const char *const kReferenceNames[] = {"none", "attention", "full", "plain", "dense"};
+enum Reference { NO_REF, REF_ATTENTION, REF_FULL, REF_PLAIN, REF_DENSE, REF_F32, REF_CONTIG };
+const char *const kReferenceNames[] = {"none", "attention", "full",  "plain",
+                                       "dense", "f32",       "contiguous"};
 
 // A case of cached or modified attention: the last seq_q rows of seq_kv
 // positions, causal. target: the stated goal for libmha's speed over its
@@ -151,6 +160,8 @@ struct Case {
     Reference ref;
     double target;
     bool quick;
+    mha_dtype kv_type = MHA_F32; // the cache's type (decode, prefill)
+    int32_t block_size = 0;      // > 0: a paged cache of blocks of this many rows, shuffled
 };
 
 // Llama-3-8B-like GQA decode (32 heads on 8 kv heads of 128); the modifiers on BERT-size heads.
@@ -167,9 +178,41 @@ const Case kCases[] = {
      false},
     {"decode-b8-s16384", "decode", DECODE, 8, 32, 8, 128, 1, 16384, NO_MODIFIER, 0, NO_REF, 0,
      false},
+#define TYPED_DECODE_(t, name)                                                                       \
+    {"decode-b1-s4096-" name, "decode-" name, DECODE, 1, 32, 8, 128, 1, 4096, NO_MODIFIER, 0, REF_F32, \
+     0, t == MHA_BF16, t},                                                                           \
+    {"decode-b1-s16384-" name, "decode-" name, DECODE, 1, 32, 8, 128, 1, 16384, NO_MODIFIER, 0,       \
+     NO_REF, 0, false, t},                                                                           \
+    {"decode-b8-s4096-" name, "decode-" name, DECODE, 8, 32, 8, 128, 1, 4096, NO_MODIFIER, 0, REF_F32, \
+     0, false, t},                                                                                   \
+    {"decode-b8-s16384-" name, "decode-" name, DECODE, 8, 32, 8, 128, 1, 16384, NO_MODIFIER, 0,       \
+     NO_REF, 0, false, t},
+    TYPED_DECODE_(MHA_F16, "f16") TYPED_DECODE_(MHA_BF16, "bf16") TYPED_DECODE_(MHA_Q8_0, "q8_0")
+#undef TYPED_DECODE_
+    // Paged caches (blocks shuffled in the pool) against the same cache contiguous.
+#define PAGED_DECODE_(b, t, name, bs)                                                               \
+    {"decode-b" #b "-s4096-" name "-paged" #bs, "paged", DECODE, b, 32, 8, 128, 1, 4096,             \
+     NO_MODIFIER, 0, REF_CONTIG, 0, false, t, bs},
+    PAGED_DECODE_(1, MHA_F32, "f32", 16) PAGED_DECODE_(1, MHA_F32, "f32", 64)
+    PAGED_DECODE_(1, MHA_F32, "f32", 256) PAGED_DECODE_(8, MHA_F32, "f32", 16)
+    PAGED_DECODE_(8, MHA_F32, "f32", 64) PAGED_DECODE_(8, MHA_F32, "f32", 256)
+    PAGED_DECODE_(1, MHA_F16, "f16", 16) PAGED_DECODE_(1, MHA_F16, "f16", 64)
+    PAGED_DECODE_(1, MHA_F16, "f16", 256) PAGED_DECODE_(8, MHA_F16, "f16", 16)
+    PAGED_DECODE_(8, MHA_F16, "f16", 64) PAGED_DECODE_(8, MHA_F16, "f16", 256)
+#undef PAGED_DECODE_
     // 512 new rows onto 3584 cached ones, against the whole 4096-row causal attention.
     {"prefill-c512-s4096", "prefill", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER, 0, REF_FULL,
      0.9, false},
+    {"prefill-c512-s4096-f16", "prefill-typed", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER, 0,
+     REF_F32, 0.9, false, MHA_F16},
+    {"prefill-c512-s4096-bf16", "prefill-typed", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER, 0,
+     REF_F32, 0.9, false, MHA_BF16},
+    {"prefill-c512-s4096-q8_0", "prefill-typed", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER, 0,
+     REF_F32, 0.9, false, MHA_Q8_0},
+    {"prefill-c512-s4096-paged16", "prefill-paged", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER,
+     0, REF_CONTIG, 0.95, false, MHA_F32, 16},
+    {"prefill-c512-s4096-paged256", "prefill-paged", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER,
+     0, REF_CONTIG, 0.95, false, MHA_F32, 256},
     {"window1024-s8192", "window", MODIFIER, 1, 12, 12, 64, 8192, 8192, WINDOW, 1024, REF_PLAIN, 3,
      false},
     {"softcap50-s2048", "softcap", MODIFIER, 1, 12, 12, 64, 2048, 2048, SOFTCAP, 50, REF_PLAIN, 0.8,
@@ -214,10 +257,19 @@ double layer_flops(const Shape &s)
            + gemm_flops((double)tokens(s), (double)d_model(s), (double)d_model(s));
 }
 
-// K and V bytes that a decode step reads.
-double kv_bytes(const Case &c)
+// Bytes of n values of type t (q8_0: 34 bytes per 32 values).
+double type_bytes(mha_dtype t, double n)
 {
-    return 2.0 * c.batch * c.kv_heads * (double)c.seq_kv * c.head_dim * sizeof(float);
+    return t == MHA_Q8_0 ? n / 32 * 34 : t == MHA_F32 ? n * 4 : n * 2;
+}
+
+// K and V bytes that a decode step (its reference when ref) reads, in the cache's
+// type: f32 for the references on f32 K and V.
+double kv_bytes(const Case &c, bool ref)
+{
+    const bool f32 = ref && (c.ref == REF_ATTENTION || c.ref == REF_F32);
+    return type_bytes(f32 ? MHA_F32 : c.kv_type,
+                      2.0 * c.batch * c.kv_heads * (double)c.seq_kv * c.head_dim);
 }
 
 // 4*dh FLOP per (b, h, row, visible key): row i sits at position seq_kv - seq_q + i and
@@ -237,7 +289,7 @@ double case_flops(const Case &c, bool ref)
 // What a case's rate counts per call: K and V bytes for decode, FLOP otherwise.
 double case_work(const Case &c, bool ref)
 {
-    return c.family == DECODE ? kv_bytes(c) : case_flops(c, ref);
+    return c.family == DECODE ? kv_bytes(c, ref) : case_flops(c, ref);
 }
 
 // Bytes that an in-place split of the [B][S][H][dh] tensor reads plus writes.
@@ -279,8 +331,24 @@ struct ShapeData {
     mha_layer *layer = nullptr;
     std::vector<float> x;       // [B][S][d_model]
     std::vector<float> q, k, v; // [B][H][S][dh], [B][Hkv][S][dh]
+    std::vector<uint16_t> q16, k16, v16; // the same in the shape's 16-bit type
     ~ShapeData() { mha_layer_destroy(layer); }
 };
+
+// x rounded to a 16-bit type through the library's own conversion.
+std::vector<uint16_t> to_16bit(const std::vector<float> &x, mha_dtype t)
+{
+    std::vector<uint16_t> y(x.size());
+    mha_kv_cache c = {};
+    c.k = c.v = y.data();
+    c.batch = c.kv_heads = c.head_dim = 1;
+    c.capacity = (int32_t)x.size();
+    c.stride_s = 1;
+    c.dtype = t;
+    const int32_t zero = 0;
+    mha_kv_append(&c, &zero, x.data(), x.data(), (int32_t)x.size());
+    return y;
+}
 
 ShapeData &shape_data(const Shape &s)
 {
@@ -317,6 +385,11 @@ ShapeData &shape_data(const Shape &s)
     d.q = uniform(tokens(s) * e, 1.0f, 10);
     d.k = uniform(tokens(s) * ekv, 1.0f, 11);
     d.v = uniform(tokens(s) * ekv, 1.0f, 12);
+    if (s.dtype != MHA_F32) {
+        d.q16 = to_16bit(d.q, s.dtype);
+        d.k16 = to_16bit(d.k, s.dtype);
+        d.v16 = to_16bit(d.v, s.dtype);
+    }
     return d;
 }
 
@@ -382,14 +455,17 @@ void bm_attention(benchmark::State &state, const Shape *s, mha_isa isa)
     if (!force(state, isa))
         return;
     ShapeData &d = shape_data(*s);
-    const mha_attn_dims dims = {s->batch, s->heads, s->kv_heads, s->seq, s->seq, s->head_dim, 0, MHA_F32};
+    const mha_attn_dims dims = {s->batch, s->heads, s->kv_heads, s->seq, s->seq, s->head_dim, 0, s->dtype};
     mha_mask mask = {};
     mask.causal = s->causal;
     std::vector<float> out(d.q.size());
     const float scale = 1.0f / std::sqrt((float)s->head_dim);
+    const bool f32 = s->dtype == MHA_F32;
     double secs = run_timed(state, [&] {
-        return mha_attention(&dims, d.q.data(), d.k.data(), d.v.data(), scale, &mask, out.data(),
-                             MHA_LAYOUT_BHSD);
+        return mha_attention(&dims, f32 ? d.q.data() : (const float *)d.q16.data(),
+                             f32 ? d.k.data() : (const float *)d.k16.data(),
+                             f32 ? d.v.data() : (const float *)d.v16.data(), scale, &mask,
+                             out.data(), MHA_LAYOUT_BHSD);
     });
     set_flop_counters(state, attention_flops(*s), secs, isa);
 }
@@ -457,7 +533,49 @@ struct CaseData {
     std::vector<float> q_full;  // REF_FULL: [B][H][seq_kv][dh]
     std::vector<float> per_head; // [H]: ALiBi slopes or sinks
     std::vector<float> bias;     // REF_DENSE: the ALiBi bias [1][H][S][S]
+    // The case's cache (its type, paged or not) and its reference's (f32, or the
+    // same type contiguous), each over its own buffers.
+    struct Cache {
+        std::vector<unsigned char> k, v;
+        std::vector<int32_t> table;
+        mha_kv_cache c = {};
+    } cache, ref_cache;
 };
+
+// A cache of c's shape holding the K and V of d, of type t: [B][Hkv][cap][dh] rows,
+// or with block_size > 0 a pool of B*cap/block_size blocks [Hkv][block_size][dh] in
+// an order shuffled by a fixed seed; written by mha_kv_append.
+void build_cache(const Case &c, const CaseData &d, mha_dtype t, int32_t block_size,
+                 CaseData::Cache &out)
+{
+    const int64_t per = t == MHA_Q8_0 ? 32 : 1, row = c.head_dim / per;
+    const int64_t unit = (int64_t)type_bytes(t, per);
+    const int32_t rows = block_size > 0 ? block_size : c.seq_kv;
+    const int32_t slabs = block_size > 0 ? c.batch * (c.seq_kv / block_size) : c.batch;
+    const int64_t units = (int64_t)slabs * c.kv_heads * rows * row;
+    out.k.assign((size_t)(units * unit), 0);
+    out.v.assign((size_t)(units * unit), 0);
+    mha_kv_cache &kc = out.c;
+    kc = {};
+    kc.k = out.k.data(), kc.v = out.v.data(), kc.batch = c.batch, kc.kv_heads = c.kv_heads;
+    kc.head_dim = c.head_dim, kc.capacity = c.seq_kv, kc.dtype = t;
+    kc.stride_b = (int64_t)c.kv_heads * rows * row, kc.stride_h = (int64_t)rows * row, kc.stride_s = row;
+    if (block_size > 0) {
+        out.table.resize((size_t)slabs);
+        for (int32_t i = 0; i < slabs; i++)
+            out.table[(size_t)i] = i;
+        uint64_t st = 12345;
+        for (int32_t i = slabs - 1; i > 0; i--) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            std::swap(out.table[(size_t)i], out.table[(size_t)((st >> 33) % (uint64_t)(i + 1))]);
+        }
+        kc.block_table = out.table.data(), kc.block_size = block_size;
+        kc.max_blocks = c.seq_kv / block_size, kc.num_blocks = slabs;
+    }
+    const std::vector<int32_t> zero((size_t)c.batch, 0);
+    if (mha_kv_append(&kc, zero.data(), d.k.data(), d.v.data(), c.seq_kv) != MHA_OK)
+        kc.k = nullptr;
+}
 
 CaseData &case_data(const Case &c)
 {
@@ -474,6 +592,13 @@ CaseData &case_data(const Case &c)
         d.q_full = uniform((int64_t)c.batch * c.heads * c.seq_kv * c.head_dim, 1.0f, 23);
     for (int32_t h = 0; h < c.heads; h++)
         d.per_head.push_back(c.modifier == ALIBI ? std::exp2(-8.0f * (float)(h + 1) / c.heads) : 1.0f);
+    if (c.family != MODIFIER) {
+        build_cache(c, d, c.kv_type, c.block_size, d.cache);
+        if (c.ref == REF_F32)
+            build_cache(c, d, MHA_F32, 0, d.ref_cache);
+        if (c.ref == REF_CONTIG)
+            build_cache(c, d, c.kv_type, 0, d.ref_cache);
+    }
     if (c.ref == REF_DENSE) {
         const int64_t n = c.seq_kv;
         d.bias.resize((size_t)(c.heads * n * n));
@@ -506,15 +631,15 @@ mha_status case_call(const Case &c, CaseData &d, bool ref, std::vector<float> &o
             mask.bias_stride_q = c.seq_kv;
         }
     }
-    if (c.family == MODIFIER || ref) {
+    if (c.family == MODIFIER || (ref && (c.ref == REF_ATTENTION || c.ref == REF_FULL))) {
         const int32_t sq = c.ref == REF_FULL ? c.seq_kv : c.seq_q;
         const mha_attn_dims dims = {c.batch, c.heads, c.kv_heads, sq, c.seq_kv, c.head_dim, 0, MHA_F32};
         return mha_attention(&dims, (c.ref == REF_FULL ? d.q_full : d.q).data(), d.k.data(),
                              d.v.data(), scale, &mask, out.data(), MHA_LAYOUT_BHSD);
     }
-    const int64_t row = c.head_dim, slab = (int64_t)c.seq_kv * row;
-    const mha_kv_cache cache = {d.k.data(), d.v.data(), c.batch, c.kv_heads, c.head_dim,
-                                c.seq_kv, c.kv_heads * slab, slab, row, 0, 0, 0, 0};
+    const mha_kv_cache &cache = ref ? d.ref_cache.c : d.cache.c;
+    if (!cache.k)
+        return MHA_ERR_NOMEM;
     const std::vector<int32_t> lens((size_t)c.batch, c.seq_kv);
     return mha_attention_cached(&cache, lens.data(), d.q.data(), c.heads, c.seq_q, scale, &mask,
                                 out.data(), MHA_LAYOUT_BHSD, nullptr);
@@ -535,7 +660,15 @@ void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
         set_flop_counters(state, case_flops(*c, ref), secs, isa);
         return;
     }
-    const int64_t slabs = (int64_t)c->batch * c->kv_heads, slab = (int64_t)c->seq_kv * c->head_dim;
+    /* The plain read covers the bytes of the cache the call reads, in slabs of
+       (b, kv head) or of pool blocks. */
+    const CaseData::Cache &cc = ref && (c->ref == REF_F32 || c->ref == REF_CONTIG) ? d.ref_cache : d.cache;
+    const float *rk = ref && c->ref == REF_ATTENTION ? d.k.data() : (const float *)cc.k.data();
+    const float *rv = ref && c->ref == REF_ATTENTION ? d.v.data() : (const float *)cc.v.data();
+    const double bytes = ref && c->ref == REF_ATTENTION ? 2.0 * d.k.size() * sizeof(float)
+                                                        : 2.0 * (double)cc.k.size();
+    const int64_t slabs = (int64_t)c->batch * c->kv_heads;
+    const int64_t slab = (int64_t)(bytes / 2 / sizeof(float)) / slabs;
     mha_status st = case_call(*c, d, ref, out);
     if (st != MHA_OK) {
         state.SkipWithError(mha_status_str(st));
@@ -544,7 +677,7 @@ void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
     double call_secs = 0, read_secs = 0;
     for (auto _ : state) {
         Clock::time_point t0 = Clock::now();
-        g_peaks.read(d.k.data(), d.v.data(), slabs, slab);
+        g_peaks.read(rk, rv, slabs, slab);
         Clock::time_point t1 = Clock::now();
         case_call(*c, d, ref, out);
         const double dt = std::chrono::duration<double>(Clock::now() - t1).count();
@@ -553,9 +686,14 @@ void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
         read_secs += std::chrono::duration<double>(t1 - t0).count();
     }
     const double n = (double)state.iterations();
-    state.counters["GB/s"] = kv_bytes(*c) * n / call_secs / 1e9;
-    state.counters["read_GB/s"] = kv_bytes(*c) * n / read_secs / 1e9;
+    state.counters["GB/s"] = bytes * n / call_secs / 1e9;
+    state.counters["read_GB/s"] = bytes * n / read_secs / 1e9;
     state.counters["%read"] = 100.0 * read_secs / call_secs;
+    /* The roofline: the longer of the plain read of these bytes and the FLOP at the
+       widest FMA's peak, over the call's time. */
+    const double roof = std::max(read_secs / n, case_flops(*c, ref) / (g_peaks.best_gflops * 1e9));
+    state.counters["roofline_ms"] = 1e3 * roof;
+    state.counters["%roofline"] = 100.0 * roof / (call_secs / n);
 }
 
 #ifdef MHA_BENCH_HAVE_BLAS
@@ -705,9 +843,9 @@ void print_shapes_json(bool quick)
             continue;
         std::printf("%s  {\"name\": \"%s\", \"group\": \"%s\", \"batch\": %d, \"seq\": %d, "
                     "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"causal\": %s, "
-                    "\"families\": [",
+                    "\"dtype\": \"%s\", \"families\": [",
                     first ? "" : ",\n", s.name, s.group, s.batch, s.seq, s.heads, s.kv_heads,
-                    s.head_dim, s.causal ? "true" : "false");
+                    s.head_dim, s.causal ? "true" : "false", mha_dtype_name(s.dtype));
         const char *sep = "";
         for (int f = 0; f < 4; f++)
             if (s.runs & (1u << f)) {
@@ -734,11 +872,12 @@ void print_shapes_json(bool quick)
                     "\"seq_q\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
                     "\"causal\": true, \"modifier\": \"%s\", \"value\": %g, "
                     "\"reference\": \"%s\", \"target\": %g, \"families\": [\"%s\"], "
-                    "\"work\": %.17g, \"ref_work\": %.17g}",
+                    "\"work\": %.17g, \"ref_work\": %.17g, \"kv_type\": \"%s\", "
+                    "\"block_size\": %d}",
                     first ? "" : ",\n", c.name, c.group, c.batch, c.seq_kv, c.seq_q, c.heads,
                     c.kv_heads, c.head_dim, kModifierNames[c.modifier], c.value,
                     kReferenceNames[c.ref], c.target, family_name(c.family), case_work(c, false),
-                    case_work(c, true));
+                    case_work(c, true), mha_dtype_name(c.kv_type), c.block_size);
         first = false;
     }
     std::printf("\n]\n");

@@ -28,6 +28,10 @@ static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 
+/* x, kept in a register: a value the compiler would otherwise reload as a memory
+   operand of each instruction that uses it. */
+static inline void vf_keep(vf *x) { __asm__("" : "+x"(*x)); }
+
 /* The first n lanes (0 <= n <= 8). */
 static inline vi vi_first(int32_t n)
 {

@@ -28,6 +28,10 @@ static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 
+/* x, kept in a register: a value the compiler would otherwise reload as a memory
+   operand of each instruction that uses it. */
+static inline void vf_keep(vf *x) { __asm__("" : "+v"(*x)); }
+
 /* The first n lanes (0 <= n <= 16). */
 static inline vm vm_first(int32_t n) { return (vm)((1u << n) - 1); }
 static inline vf vf_loadu_n(const float *p, int32_t n) { return _mm512_maskz_loadu_ps(vm_first(n), p); }

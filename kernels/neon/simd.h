@@ -38,6 +38,9 @@ static inline vf vf_pow2i(vf n)
     return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
 }
 
+/* x, kept in a register: a value the compiler would otherwise reload each time. */
+static inline void vf_keep(vf *x) { __asm__("" : "+w"(*x)); }
+
 /* The first n lanes (0 <= n <= 4), through a buffer: NEON has no masked
    loads, and nothing past p + n may be touched. */
 static inline vf vf_loadu_n(const float *p, int32_t n)

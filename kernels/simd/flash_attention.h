@@ -349,8 +349,10 @@ SIMD_UNROLL(4)
         for (int32_t d = d0; d < d0 + CH; d += VF_LANES) {
             vf qv[4];
 SIMD_UNROLL(4)
-            for (int rr = 0; rr < R; rr++)
+            for (int rr = 0; rr < R; rr++) {
                 qv[rr] = vf_loadu(q + rr * dk + d);
+                vf_keep(&qv[rr]); /* one load for the KS keys, not one per FMA */
+            }
 SIMD_UNROLL(16)
             for (int kk = 0; kk < KS; kk++) {
                 const vf kv = load_kv(T, k[kk], d, sc[kk]);
@@ -429,9 +431,9 @@ static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0,
         dot_tiles(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, (mha_dtype)T);
         if (pf >= 0)
             prefetch_rows(&blk->v, ps->vbytes, p0, p1);
-        for (int kk = 0; kk < KS && j + sub * KS + kk < jt; kk++)
-            for (int rr = 0; rr < R; rr++)
-                ps->st[(j + sub * KS + kk) * ps->rp + r0 + rr] = s[kk * R + rr];
+        const int32_t jk = j + sub * KS; /* a score row of R floats per key */
+        for (int kk = 0; kk < KS && jk + kk < jt; kk++)
+            memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
 }
 
@@ -685,7 +687,7 @@ static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
 /* o[rr][d ..] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v_j[d ..] for R rows (4,
  * 2 or 1) over NV column vectors from d, v_j the row vr[j] of type T: R x NV
  * accumulators, each V vector loaded once for the R rows; MASKED: one vector of
- * `last` lanes (a dv tail). A sweep lies within one q8_0 block or covers whole ones
+ * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one q8_0 block or covers whole ones
  * (dv % 32 == 0): each block's scale is loaded once per key. */
 static inline __attribute__((always_inline)) void pv_sweep(
     int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
@@ -696,7 +698,8 @@ static inline __attribute__((always_inline)) void pv_sweep(
 SIMD_UNROLL(32)
     for (int i = 0; i < R * NV; i++) {
         const float *src = o[i / NV] + d + i % NV * VF_LANES;
-        acc[i] = vf_mul(vf_set1(alpha[i / NV]), MASKED ? vf_loadu_n(src, last) : vf_loadu(src));
+        const vf x = MASKED ? vf_loadu_n(src, last) : vf_loadu(src);
+        acc[i] = alpha ? vf_mul(vf_set1(alpha[i / NV]), x) : x;
     }
     for (int32_t j = 0; j < jn; j++) {
         vf vv[8];
@@ -728,22 +731,28 @@ SIMD_UNROLL(32)
 }
 
 /* The P.V of R rows over all dv columns: sweeps of DOT_COLS(R) vectors, then one
- * vector at a time (the last masked); one instance per (R, T), out of line as
- * dot_tiles. */
+ * vector at a time (the last masked), over DOT_PV_KEYS keys at a time, whose V rows
+ * stay in L1 through the sweeps (a whole tile's rows at a power-of-two stride
+ * would fall in a few L1 sets and be evicted between sweeps); the first key block
+ * applies alpha. One instance per (R, T), out of line as dot_tiles. */
+enum { DOT_PV_KEYS = 32 };
 __attribute__((noinline)) static void pv_rows(int32_t jn, const float *p, int32_t pp,
                                               const char *const *vr, float *const *o,
                                               const float *alpha, int32_t dv, int R, mha_dtype T)
 {
 #define PV_ROWS_CASE_(r, t)                                                                \
-    case r * MHA_DTYPE_COUNT + t: {                                                        \
-        int32_t d = 0;                                                                     \
-        for (; d + DOT_COLS(r) * VF_LANES <= dv; d += DOT_COLS(r) * VF_LANES)              \
-            pv_sweep(jn, p, pp, vr, d, o, alpha, VF_LANES, r, t, DOT_COLS(r), 0);          \
-        for (; d < dv; d += VF_LANES)                                                      \
-            pv_sweep(jn, p, pp, vr, d, o, alpha, dv - d < VF_LANES ? dv - d : VF_LANES, r, t, \
-                     1, 1);                                                                \
-        break;                                                                             \
-    }
+    case r * MHA_DTYPE_COUNT + t:                                                          \
+        for (int32_t j0 = 0; j0 < jn; j0 += DOT_PV_KEYS) {                                 \
+            const int32_t kn = jn - j0 < DOT_PV_KEYS ? jn - j0 : DOT_PV_KEYS;              \
+            const float *pj = p + (int64_t)j0 * pp, *aj = j0 ? NULL : alpha;               \
+            int32_t d = 0;                                                                 \
+            for (; d + DOT_COLS(r) * VF_LANES <= dv; d += DOT_COLS(r) * VF_LANES)          \
+                pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, r, t, DOT_COLS(r), 0);   \
+            for (; d < dv; d += VF_LANES)                                                  \
+                pv_sweep(kn, pj, pp, vr + j0, d, o, aj, dv - d < VF_LANES ? dv - d : VF_LANES, \
+                         r, t, 1, 1);                                                      \
+        }                                                                                  \
+        break;
 #define PV_ROWS_TYPES_(r)                                                            \
     PV_ROWS_CASE_(r, MHA_F32) PV_ROWS_CASE_(r, MHA_F16) PV_ROWS_CASE_(r, MHA_BF16) \
     PV_ROWS_CASE_(r, MHA_Q8_0)
@@ -879,9 +888,18 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->m[r] = -INFINITY;
         ps->l[r] = 0.0f;
     }
+    /* Padding rows see every key, with scores -inf (dot passes: set here, never
+       written after; other passes score zero rows of Q): the softmax of a tile
+       every real row sees takes its fast path, and their results go nowhere. */
+    for (int32_t r = nr; r < ps->rp; r++)
+        ps->ke[r] = INT32_MAX;
+    if (ps->dot)
+        for (int32_t j = 0; j < BC; j++)
+            for (int32_t r = nr; r < ps->rp; r++)
+                ps->st[j * ps->rp + r] = -INFINITY;
     ps->all = rows_span(ps, 0, nr);
     for (int32_t rg = 0; !ps->dot && rg < ps->rp; rg += QK_ROWS)
-        ps->qk[rg / QK_ROWS] = rows_span(ps, rg, rg + QK_ROWS);
+        ps->qk[rg / QK_ROWS] = rows_span(ps, rg, rg + QK_ROWS < nr ? rg + QK_ROWS : nr);
     const int32_t group = ps->dot ? 4 : PV_ROWS;
     for (int32_t rg = 0; rg < nr; rg += group)
         ps->pv[rg / group] = rows_span(ps, rg, rg + group < nr ? rg + group : nr);
@@ -889,7 +907,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->stream = (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
+    ps->stream = ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
     ps->direct = blk->kv_type == MHA_F32 && !blk->k.table;
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
