@@ -192,7 +192,7 @@ const Case kCases[] = {
     // Paged caches (blocks shuffled in the pool) against the same cache contiguous.
 #define PAGED_DECODE_(b, t, name, bs)                                                               \
     {"decode-b" #b "-s4096-" name "-paged" #bs, "paged", DECODE, b, 32, 8, 128, 1, 4096,             \
-     NO_MODIFIER, 0, REF_CONTIG, 0, false, t, bs},
+     NO_MODIFIER, 0, REF_CONTIG, 0.95, false, t, bs},
     PAGED_DECODE_(1, MHA_F32, "f32", 16) PAGED_DECODE_(1, MHA_F32, "f32", 64)
     PAGED_DECODE_(1, MHA_F32, "f32", 256) PAGED_DECODE_(8, MHA_F32, "f32", 16)
     PAGED_DECODE_(8, MHA_F32, "f32", 64) PAGED_DECODE_(8, MHA_F32, "f32", 256)

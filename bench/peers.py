@@ -42,6 +42,10 @@ seq_q rows of seq positions, causal):
                boolean mask [S, S], ALiBi as an additive mask [1, H, S, S]
                with -inf above the diagonal; it has no softcap or sinks.
   openvino     not run on these.
+  ggml         decode: ggml_flash_attn_ext (llama.cpp's CPU kernel, ggml-python from
+               PyPI, built from source) on a cache of the case's type (f32, f16,
+               q8_0 written by ggml_quantize_chunk); it converts q to the cache's
+               type itself.
 
 The QKV projection's peer (OpenBLAS) is in the C++ harness.
 
@@ -117,6 +121,11 @@ class Inputs:
                 self.uniform((e,), bound))
 
 
+def typed(s, key="dtype"):
+    """The shape's element type: "f32", "f16", "bf16" or "q8_0" (caches)."""
+    return s.get(key, "f32")
+
+
 def case_dims(s):
     """b, h, hkv, seq_q, seq (the positions, and the cache rows), dh."""
     return s["batch"], s["heads"], s["kv_heads"], s["seq_q"], s["seq"], s["head_dim"]
@@ -143,7 +152,7 @@ class Ort:
         from onnx import TensorProto, helper, numpy_helper
 
         self.ort, self.helper, self.nh = ort, helper, numpy_helper
-        self.F, self.I32 = TensorProto.FLOAT, TensorProto.INT32
+        self.F, self.I32, self.F16 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.FLOAT16
         self.threads = threads
         self.version = ort.__version__
 
@@ -163,8 +172,8 @@ class Ort:
             model.SerializeToString(), so, providers=["CPUExecutionProvider"]
         )
 
-    def _tensor(self, name, shape):
-        return self.helper.make_tensor_value_info(name, self.F, list(shape))
+    def _tensor(self, name, shape, f16=False):
+        return self.helper.make_tensor_value_info(name, self.F16 if f16 else self.F, list(shape))
 
     def _node(self, op, inputs, output, s, layout_3d):
         """The attention node of variant op; layout_3d: inputs [B, S, heads*dh]."""
@@ -188,16 +197,19 @@ class Ort:
     def attention(self, s, op):
         if why := self._no_gqa(op, s):
             return why
+        if typed(s) == "bf16":
+            return "ONNX Runtime's CPU attention ops have no bfloat16 kernels"
+        f16 = typed(s) == "f16"
         b, h, _, n, dh, e, _ = dims(s)
         q, k, v = Inputs(s).qkv()
         if op == "MultiHeadAttention":  # [B, S, H*dh]
             q, k, v = (x.transpose(0, 2, 1, 3).reshape(b, n, -1).copy() for x in (q, k, v))
-        feeds = {"q": q, "k": k, "v": v}
+        feeds = {name: x.astype(np.float16) if f16 else x for name, x in zip("qkv", (q, k, v))}
         out_shape = (b, n, e) if op == "MultiHeadAttention" else (b, h, n, dh)
         sess = self._session(
             [self._node(op, ["q", "k", "v"], "o", s, op == "MultiHeadAttention")],
-            [self._tensor(name, x.shape) for name, x in feeds.items()],
-            [self._tensor("o", out_shape)],
+            [self._tensor(name, x.shape, f16) for name, x in feeds.items()],
+            [self._tensor("o", out_shape, f16)],
         )
         return lambda: sess.run(None, feeds)
 
@@ -228,9 +240,15 @@ class Ort:
         past/present buffer of seq rows, with the case's modifier."""
         ort, helper = self.ort, self.helper
         b, h, hkv, sq, n, dh = case_dims(s)
+        kv = typed(s, "kv_type")
+        if kv not in ("f32", "f16") or s.get("block_size", 0):
+            return ("GroupQueryAttention has no " + kv + " cache" if kv not in ("f32", "f16")
+                    else "GroupQueryAttention has no block tables")
+        f16 = kv == "f16"  # the op takes q, k, v and the cache in one type
+        cast = (lambda x: x.astype(np.float16)) if f16 else (lambda x: x)
         inputs = Inputs(s)
-        feeds = {"q": inputs.uniform((b, sq, h * dh)), "k": inputs.uniform((b, sq, hkv * dh)),
-                 "v": inputs.uniform((b, sq, hkv * dh)),
+        feeds = {"q": cast(inputs.uniform((b, sq, h * dh))), "k": cast(inputs.uniform((b, sq, hkv * dh))),
+                 "v": cast(inputs.uniform((b, sq, hkv * dh))),
                  "seqlens_k": np.full(b, n - 1, np.int32), "total": np.array(n, np.int32)}
         attrs = {"num_heads": h, "kv_num_heads": hkv}
         extra = {}
@@ -239,29 +257,29 @@ class Ort:
         elif s["modifier"] == "softcap":
             attrs["softcap"] = float(s["value"])
         elif s["modifier"] == "alibi":
-            extra["bias"] = alibi_bias(s, False)
+            extra["bias"] = cast(alibi_bias(s, False))
         elif s["modifier"] == "sinks":
-            extra["sinks"] = np.ones(h, np.float32)
+            extra["sinks"] = cast(np.ones(h, np.float32))
         feeds.update(extra)
         names = ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total", "", "", "",
                  "bias" if "bias" in extra else "", "sinks" if "sinks" in extra else ""]
         while not names[-1]:
             names.pop()
         cache = (b, hkv, n, dh)
-        ins = [self._tensor(x, feeds[x].shape) for x in ("q", "k", "v")]
-        ins += [self._tensor("past_k", cache), self._tensor("past_v", cache),
+        ins = [self._tensor(x, feeds[x].shape, f16) for x in ("q", "k", "v")]
+        ins += [self._tensor("past_k", cache, f16), self._tensor("past_v", cache, f16),
                 helper.make_tensor_value_info("seqlens_k", self.I32, [b]),
                 helper.make_tensor_value_info("total", self.I32, [])]
-        ins += [self._tensor(x, y.shape) for x, y in extra.items()]
+        ins += [self._tensor(x, y.shape, f16) for x, y in extra.items()]
         node = helper.make_node("GroupQueryAttention", names, ["o", "present_k", "present_v"],
                                 domain="com.microsoft", **attrs)
-        sess = self._session([node], ins, [self._tensor("o", (b, sq, h * dh)),
-                                           self._tensor("present_k", cache),
-                                           self._tensor("present_v", cache)])
+        sess = self._session([node], ins, [self._tensor("o", (b, sq, h * dh), f16),
+                                           self._tensor("present_k", cache, f16),
+                                           self._tensor("present_v", cache, f16)])
         io = sess.io_binding()
         for name, x in feeds.items():
             io.bind_cpu_input(name, x)
-        bufs = [ort.OrtValue.ortvalue_from_numpy(inputs.uniform(cache)) for _ in range(2)]
+        bufs = [ort.OrtValue.ortvalue_from_numpy(cast(inputs.uniform(cache))) for _ in range(2)]
         for buf, past, present in zip(bufs, ("past_k", "past_v"), ("present_k", "present_v")):
             io.bind_ortvalue_input(past, buf)
             io.bind_ortvalue_output(present, buf)
@@ -282,13 +300,14 @@ class Torch:
         torch.set_num_threads(threads)
         self.version = torch.__version__
 
-    def _tensor(self, x):
-        return self.torch.from_numpy(x)
+    def _tensor(self, x, t="f32"):
+        y = self.torch.from_numpy(x)
+        return y.to({"f16": self.torch.float16, "bf16": self.torch.bfloat16}[t]) if t != "f32" else y
 
     def attention(self, s):
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        q, k, v = (self._tensor(x) for x in Inputs(s).qkv())
+        q, k, v = (self._tensor(x, typed(s)) for x in Inputs(s).qkv())
         gqa = s["kv_heads"] != s["heads"]
 
         def call():
@@ -303,9 +322,15 @@ class Torch:
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
         b, h, hkv, sq, n, dh = case_dims(s)
+        kv = typed(s, "kv_type")
+        if kv == "q8_0":
+            return "scaled_dot_product_attention has no q8_0 cache"
+        if s.get("block_size", 0):
+            return "scaled_dot_product_attention has no block tables"
         inputs = Inputs(s)
-        q = self._tensor(inputs.uniform((b, h, sq, dh)))
-        k, v = (self._tensor(inputs.uniform((b, hkv, n, dh))) for _ in range(2))
+        # SDPA takes q in the cache's type.
+        q = self._tensor(inputs.uniform((b, h, sq, dh)), kv)
+        k, v = (self._tensor(inputs.uniform((b, hkv, n, dh)), kv) for _ in range(2))
         kwargs = {"enable_gqa": hkv != h}
         mod = s["modifier"]
         if mod in ("softcap", "sinks"):
@@ -383,16 +408,19 @@ class OpenVino:
         o = self.ops.scaled_dot_product_attention(q, k, v, causal=s["causal"])
         return self._shape(o, [b, h, n, dh])
 
-    def _compile(self, outputs, params, feeds):
+    def _compile(self, outputs, params, feeds, hint="f32"):
         model = self.ov.Model(outputs, params)
-        request = self.core.compile_model(model, "CPU", self.config).create_infer_request()
+        config = dict(self.config, INFERENCE_PRECISION_HINT=hint)
+        request = self.core.compile_model(model, "CPU", config).create_infer_request()
         return lambda: request.infer(feeds, share_inputs=True)
 
     def attention(self, s):
         ops = self.ops
         feeds = list(Inputs(s).qkv())
         params = [ops.parameter(x.shape, np.float32, name=name) for name, x in zip("qkv", feeds)]
-        return self._compile([self._sdpa(*params, s)], params, feeds)
+        # 16-bit shapes: OpenVINO's own 16-bit path is its precision hint (inputs stay f32).
+        hint = {"f16": "f16", "bf16": "bf16"}.get(typed(s), "f32")
+        return self._compile([self._sdpa(*params, s)], params, feeds, hint)
 
     def layer(self, s):
         ops = self.ops
@@ -408,6 +436,66 @@ class OpenVino:
         return self._compile([y], [xp], [x])
 
 
+class Ggml:
+    """ggml's flash_attn_ext (the kernel of llama.cpp's CPU decode) through
+    ggml-python: q f32 [dh, seq_q, H, B], K and V of the cache's type [dh, Skv,
+    Hkv, B] (f32, f16 or q8_0; no bf16 on the CPU path of this version, no block
+    tables), computed on a thread pool made once, the graph planned once."""
+
+    TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
+
+    def __init__(self, threads):
+        import ctypes
+
+        import ggml
+
+        self.ggml, self.ct = ggml, ctypes
+        self.threads = threads
+        self.version = "ggml-python " + __import__("importlib.metadata").metadata.version("ggml-python")
+
+    def decode(self, s):
+        g, ct = self.ggml, self.ct
+        b, h, hkv, sq, n, dh = case_dims(s)
+        kv = typed(s, "kv_type")
+        if kv not in self.TYPES or s.get("block_size", 0):
+            return f"flash_attn_ext has no {kv} cache" if kv not in self.TYPES else "no block tables"
+        t = self.TYPES[kv]
+        nbytes = 2 * g.ggml_row_size(t, dh) * n * hkv * b + 4 * dh * h * b * 2 + (64 << 20)
+        ctx = g.ggml_init(g.ggml_init_params(mem_size=nbytes, mem_buffer=None, no_alloc=False))
+        q = g.ggml_new_tensor_4d(ctx, 0, dh, sq, h, b)
+        k = g.ggml_new_tensor_4d(ctx, t, dh, n, hkv, b)
+        v = g.ggml_new_tensor_4d(ctx, t, dh, n, hkv, b)
+        inputs = Inputs(s)
+        np.copyto(np.ctypeslib.as_array(ct.cast(g.ggml_get_data(q), ct.POINTER(ct.c_float)),
+                                        (b * h * sq * dh,)), inputs.uniform(b * h * sq * dh))
+        for x in (k, v):  # rows of dh values, stored in the cache's type by ggml itself
+            src = inputs.uniform(b * hkv * n * dh)
+            if t == 0:
+                np.copyto(np.ctypeslib.as_array(ct.cast(g.ggml_get_data(x), ct.POINTER(ct.c_float)),
+                                                src.shape), src)
+            elif t == 1:
+                dst = np.ctypeslib.as_array(ct.cast(g.ggml_get_data(x), ct.POINTER(ct.c_uint16)), src.shape)
+                np.copyto(dst, src.astype(np.float16).view(np.uint16))
+            else:
+                g.ggml_quantize_chunk(t, src.ctypes.data_as(ct.POINTER(ct.c_float)), g.ggml_get_data(x),
+                                      0, b * hkv * n, dh, None)
+        o = g.ggml_flash_attn_ext(ctx, q, k, v, None, 1.0 / math.sqrt(dh), 0.0, 0.0)
+        g.ggml_flash_attn_ext_set_prec(o, g.GGML_PREC_F32)
+        gf = g.ggml_new_graph(ctx)
+        g.ggml_build_forward_expand(gf, o)
+        params = g.ggml_threadpool_params_default(self.threads)
+        pool = g.ggml_threadpool_new(ct.byref(params))
+        plan = g.ggml_graph_plan(gf, self.threads, pool)
+        work = (ct.c_uint8 * max(plan.work_size, 1))()
+        plan.work_data = ct.cast(work, ct.POINTER(ct.c_uint8))
+        keep = (ctx, pool, work, plan)  # alive as long as the call
+
+        def call():
+            g.ggml_graph_compute(gf, ct.byref(keep[3]))
+
+        return call
+
+
 # peer -> (class, {family: impl}); impl names the report's column.
 CACHED = ("decode", "prefill", "modifier")
 PEERS = {
@@ -415,6 +503,7 @@ PEERS = {
     "torch": (Torch, {"attention": "torch_sdpa", "layer": "torch_mha",
                       **dict.fromkeys(CACHED, "torch_sdpa")}),
     "openvino": (OpenVino, {"attention": "openvino", "layer": "openvino"}),
+    "ggml": (Ggml, {"decode": "ggml"}),
 }
 
 

@@ -16,6 +16,8 @@ Writes to --out-dir:
                   every ISA and peer
   layer_seq.png   the whole layer, same shapes
   layer.png       bar chart of the BERT-base layer (B = 1, 8, 32; S = 128)
+  decode.png      decode time per step against Skv per cache type, libmha and the
+                  peers, with each type's roofline
 
 GFLOP/s come from seconds per call and the work of a call that `mha-bench
 --shapes-json` writes into shapes.json (bench/main.cc counts it, nothing here):
@@ -60,6 +62,7 @@ for _family in CACHED:
         "ort_gqa": ("ORT GQA", "ONNX Runtime com.microsoft GroupQueryAttention"),
         "torch_sdpa": ("torch SDPA", "torch scaled_dot_product_attention"),
     }
+PEERS["decode"]["ggml"] = ("ggml", "ggml flash_attn_ext (ggml-python)")
 FRAMEWORKS = ["onnxruntime", "torch", "openvino"]  # peers.py --peer
 ORT_OPS = {"Attention": "Attention op", "MultiHeadAttention": "com.microsoft MHA"}
 FAMILY_TITLES = {
@@ -77,6 +80,8 @@ REFERENCES = {
     "full": "mha_attention, causal over all S rows",
     "plain": "the same call without it",
     "dense": "ALiBi as a dense bias [1,H,S,S]",
+    "f32": "the same call on an f32 cache",
+    "contiguous": "the same cache with contiguous rows",
 }
 
 
@@ -127,7 +132,8 @@ def load_bench(paths):
             t = b["real_time"] * scale
             if t <= times.get(key, t):
                 times[key] = t
-                counters[key] = {k: b[k] for k in ("memcpy_s", "read_GB/s", "%read") if k in b}
+                counters[key] = {k: b[k] for k in ("memcpy_s", "read_GB/s", "%read", "%roofline",
+                                                   "roofline_ms") if k in b}
     return times, errors, context, peaks, counters
 
 
@@ -238,8 +244,14 @@ def main():
             read = extra.get("read_GB/s") or max(
                 (c["read_GB/s"] for (f, sh, _), c in counters.items()
                  if (f, sh) == (family, shape) and "read_GB/s" in c), default=None)
+            # The roofline of these bytes and FLOP, as mha-bench measured it for libmha's call.
+            roof = extra.get("roofline_ms") or min(
+                (c["roofline_ms"] for (f, sh, i), c in counters.items()
+                 if (f, sh) == (family, shape) and not i.endswith("-ref") and "roofline_ms" in c),
+                default=None)
             rec.update(gbps=r, read_gbps=read,
-                       pct_read=extra.get("%read", 100 * r / read if read else None))
+                       pct_read=extra.get("%read", 100 * r / read if read else None),
+                       pct_roofline=extra.get("%roofline", 100 * roof / 1e3 / t if roof else None))
         else:
             rec.update(gflops=r, pct_peak=100 * r / info["peak_gflops"])
             if impl in isa_peak:
@@ -260,6 +272,7 @@ def main():
     plot_vs_seq(args.out_dir, shapes, rate, info, "attention")
     plot_vs_seq(args.out_dir, shapes, rate, info, "layer")
     plot_layer_bars(args.out_dir, shapes, rate, info)
+    plot_decode(args.out_dir, shapes, info, by_key)
 
 
 def shape_text(s):
@@ -282,12 +295,14 @@ def case_text(family, s, info):
     b, h, hkv, dh = s["batch"], s["heads"], s["kv_heads"], s["head_dim"]
     n, sq = s["seq"], s["seq_q"]
     heads = f"H={h}" + (f" Hkv={hkv}" if hkv != h else "") + f" dh={dh}"
+    kind = f"{s.get('kv_type', 'f32')} cache" + (f" paged, blocks of {s['block_size']}"
+                                                  if s.get("block_size") else "")
     if family == "decode":
         kv, l3 = work(family, s), info["l3_bytes"]
         where = "" if not l3 else ", fits in L3" if kv <= l3 else ", beyond L3"
-        return f"B={b} Skv={n} {heads}, K+V {mib(kv)}{where}"
+        return f"B={b} Skv={n} {heads}, {kind}, K+V {mib(kv)}{where}"
     if family == "prefill":
-        return f"B={b} {sq} rows onto {n - sq} cached, {heads} causal"
+        return f"B={b} {sq} rows onto {n - sq} cached, {heads} causal, {kind}"
     mod = {"window": f"window {s['value']:g}", "softcap": f"softcap {s['value']:g}",
            "alibi": "ALiBi slopes", "sinks": "sinks"}[s["modifier"]]
     return f"B={b} S={n} {heads} causal, {mod}"
@@ -318,7 +333,10 @@ def case_tables(shapes, rate, info, by_key):
                      if any(rate(family, s, impl) for s in cases)}
         scalar = any(rate(family, s, "scalar") for s in cases)
         unit, pct_col = ("GB/s", "% of read") if family == "decode" else ("GFLOP/s", "% of peak")
-        head = ["case", "implementation", "ms", unit, pct_col, "vs reference (target)"]
+        head = ["case", "implementation", "ms", unit, pct_col]
+        head += ["% of roofline"] if family == "decode" else []
+        head += ["vs reference (target)"]
+        fixed = len(head) - 1
         head += [f"vs {col}" for col, _ in fam_peers.values()]
         head += ["vs best peer"] if len(fam_peers) > 1 else []
         head += ["vs scalar"] if scalar else []
@@ -326,9 +344,9 @@ def case_tables(shapes, rate, info, by_key):
 
         def row(cell, name, s, impl, rest):
             rec = by_key[(family, s["name"], impl)]
-            pct = rec["pct_read" if family == "decode" else "pct_peak"]
-            return [cell, name, fmt(rec["seconds"] * 1e3), fmt(rate(family, s, impl)),
-                    "—" if pct is None else f"{pct:.0f}%"] + rest
+            pcts = [rec["pct_read"], rec["pct_roofline"]] if family == "decode" else [rec["pct_peak"]]
+            return ([cell, name, fmt(rec["seconds"] * 1e3), fmt(rate(family, s, impl))]
+                    + ["—" if p is None else f"{p:.0f}%" for p in pcts] + rest)
 
         for s in cases:
             theirs = {impl: rate(family, s, impl) for impl in fam_peers}
@@ -353,11 +371,11 @@ def case_tables(shapes, rate, info, by_key):
                     cell = ""
                 if r_ref:
                     rows.append(row(cell, f"libmha {isa}: {ref_name}", s, isa + "-ref",
-                                    [""] * (len(head) - 5)))
+                                    [""] * (len(head) - fixed)))
                     cell = ""
             for impl, (col, _) in fam_peers.items():
                 if theirs[impl]:
-                    rows.append(row(cell, col, s, impl, [""] * (len(head) - 5)))
+                    rows.append(row(cell, col, s, impl, [""] * (len(head) - fixed)))
                     cell = ""
             if s["modifier"] == "alibi":
                 h, n = s["heads"], s["seq"]
@@ -374,15 +392,20 @@ def case_tables(shapes, rate, info, by_key):
 
 # The paragraph above each case table (formatted with the report's info).
 CASE_TEXT = {
-    "decode": "GB/s: the K and V bytes a step reads (2*B*Hkv*Skv*dh*4) per second; the cache "
-    "is [B][Hkv][cap = Skv][dh] f32, read by mha_attention_cached (causal, one row at the "
-    "last position). % of read: over a plain read of the same bytes ({read_isa} loads "
+    "decode": "GB/s: the K and V bytes a step reads (2*B*Hkv*Skv*dh values, 4 bytes each for "
+    "f32, 2 for f16 and bf16, 34 per 32 for q8_0) per second; the cache is "
+    "[B][Hkv][cap = Skv][dh] (paged: a pool of blocks [Hkv][block][dh] in shuffled order), "
+    "read by mha_attention_cached (causal, one row at the last position). % of roofline: the "
+    "roofline time, max(the plain read of the same bytes, 4*B*H*Skv*dh FLOP at the measured "
+    "FMA peak), over the call's time. % of read: over a plain read of the same bytes ({read_isa} loads "
     "summed, the same threads, split the same way by (b, kv head) slab), timed right before "
     "each call on the same buffers, which each side finds as the other left them; \"fits in "
     "L3\" when K+V is at most the L3 size the OS reports. A peer's % of read is over the best "
     "plain read of those bytes in mha-bench. The reference is the same attention through "
     "mha_attention (Sq = 1 over contiguous K, V), which now takes the same decode path (GQA "
-    "blocks, split keys), so no target is set against it. ORT GQA also writes the step's one new K, V "
+    "blocks, split keys), so no target is set against it; a typed cache's reference is the same "
+    "call on the f32 cache, a paged cache's the same cache contiguous. ggml flash_attn_ext "
+    "reads a cache of the same type (its q converted to that type). ORT GQA also writes the step's one new K, V "
     "row into the shared cache.",
     "prefill": "A chunk of new query rows onto the cached ones through mha_attention_cached "
     "(lens = the rows after the chunk, causal), against mha_attention causal over all those "
@@ -547,6 +570,44 @@ def plot_vs_seq(out_dir, shapes, rate, info, family):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{family}{'_seq' if family == 'layer' else ''}.png"),
                 dpi=120)
+    plt.close(fig)
+
+
+def plot_decode(out_dir, shapes, info, by_key):
+    """Decode time per call against Skv (B=1 and B=8, GQA 32/8, dh 128), one line per
+    cache type for libmha's best ISA and for each peer, the roofline of each type dashed."""
+    cases = [s for s in shapes if "decode" in s["families"] and not s.get("block_size")
+             and s["heads"] == 32 and s["kv_heads"] == 8]
+    if not cases:
+        return
+    isa = info["isas"][-1]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = {"f32": "C0", "f16": "C1", "bf16": "C2", "q8_0": "C3"}
+    for ax, b in zip(axes, (1, 8)):
+        for t, color in colors.items():
+            mine = sorted((s["seq"], s["name"]) for s in cases
+                          if s["batch"] == b and s.get("kv_type", "f32") == t)
+            for impl, label, style in [(isa, f"libmha {isa}", "o-"), ("ggml", "ggml", "s--"),
+                                       ("ort_gqa", "ORT GQA", "^:"), ("torch_sdpa", "torch SDPA", "v:")]:
+                pts = [(n, by_key[("decode", name, impl)]["seconds"] * 1e3) for n, name in mine
+                       if ("decode", name, impl) in by_key]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, label=f"{label}, {t} cache")
+            roof = [(n, 100 * by_key[("decode", name, isa)]["seconds"] * 1e3
+                     / by_key[("decode", name, isa)]["pct_roofline"]) for n, name in mine
+                    if ("decode", name, isa) in by_key and by_key[("decode", name, isa)].get("pct_roofline")]
+            if roof:
+                ax.plot(*zip(*roof), "--", color=color, alpha=0.5, lw=1, label=f"roofline, {t} cache")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(f"cached keys Skv (B={b}, 32 heads on 8 kv heads, dh 128)")
+        ax.set_ylabel("ms per decode step")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"decode: time per step by cache type, against the roofline\n{subtitle(info)}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "decode.png"), dpi=120)
     plt.close(fig)
 
 

@@ -111,11 +111,12 @@ fi
 rm -rf "$staging"
 
 stage "Python package: pip install ., pytest, the README's Python example"
-# The venv sees Debian's numpy, torch and pytest (with xdist and timeout); meson-python and ninja come from
-# PyPI. A fixed build dir keeps rebuilds incremental.
+# The venv sees Debian's numpy, torch and pytest (with xdist and timeout); meson-python,
+# ninja and ml_dtypes (bfloat16 arrays) come from PyPI. A fixed build dir keeps
+# rebuilds incremental.
 venv=build-py/venv
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
-if "$venv/bin/pip" install -q meson-python ninja >build-py/pip.log 2>&1 &&
+if "$venv/bin/pip" install -q meson-python ninja "ml_dtypes<0.5" >build-py/pip.log 2>&1 &&
    "$venv/bin/pip" install -q --no-build-isolation --config-settings=build-dir="$root/build-py/build" . \
      >>build-py/pip.log 2>&1; then
   rm -f build-py/pytest.xml

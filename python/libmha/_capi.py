@@ -37,6 +37,10 @@ class KvCache(C.Structure):
                 ("num_blocks", C.c_int32)]
 
 
+class Strides(C.Structure):
+    _fields_ = [("b", C.c_int64), ("h", C.c_int64), ("s", C.c_int64)]
+
+
 class LayerDesc(C.Structure):
     _fields_ = [(n, C.c_int32) for n in ("heads", "kv_heads", "head_dim", "q_in", "k_in", "v_in",
                                          "out_dim")] + \
@@ -57,7 +61,14 @@ _SIGNATURES = {
     "mha_isa_count": (C.c_int, []),
     "mha_attention": (C.c_int, [C.POINTER(AttnDims), F32P, F32P, F32P, C.c_float,
                                 C.POINTER(Mask), F32P, C.c_int]),
-    "mha_kv_append": (C.c_int, [C.POINTER(KvCache), I32P, F32P, F32P, _I32]),
+    "mha_kv_append": (C.c_int, [C.POINTER(KvCache), I32P, _P, _P, _I32]),
+    "mha_dtype_name": (C.c_char_p, [C.c_int]),
+    "mha_attention_strided": (C.c_int, [C.POINTER(AttnDims), _P, C.POINTER(Strides), _P,
+                                        C.POINTER(Strides), _P, C.POINTER(Strides), C.c_float,
+                                        C.POINTER(Mask), _P, C.POINTER(Strides), F32P]),
+    "mha_attention_cached_strided": (C.c_int, [C.POINTER(KvCache), I32P, _P, C.POINTER(Strides),
+                                               _I32, _I32, C.c_float, C.POINTER(Mask), _P,
+                                               C.POINTER(Strides), F32P]),
     "mha_attention_cached": (C.c_int, [C.POINTER(KvCache), I32P, F32P, _I32, _I32, C.c_float,
                                        C.POINTER(Mask), F32P, C.c_int, F32P]),
     "mha_layer_create": (C.c_int, [C.POINTER(LayerDesc), C.POINTER(_P)]),
@@ -84,6 +95,18 @@ lib = _Lib(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmha.so")
 
 # name -> mha_isa value, from the library's own list.
 ISAS = {lib.mha_isa_name(i).decode(): i for i in range(lib.mha_isa_count())}
+
+
+def _dtype_names():
+    names, i = {}, 0
+    while (n := lib.mha_dtype_name(i).decode()) != "unknown":
+        names[n] = i
+        i += 1
+    return names
+
+
+# name -> mha_dtype value ("f32", "f16", "bf16", "q8_0"), from the library.
+DTYPES = _dtype_names()
 
 
 class Error(Exception):

@@ -1,9 +1,11 @@
 """attention, KVCache and Layer over numpy arrays.
 
-Inputs that are C-contiguous float32 ndarrays are passed to the library as they
-are; other real-valued arrays (float64, strided views, lists) are converted to a
-C-contiguous float32 copy. Shapes are checked here, since the library only sees
-pointers and the sizes it is given. Outputs (out=) are never converted.
+Inputs that are float32, float16 or bfloat16 (ml_dtypes) ndarrays whose last axis
+is contiguous are passed to the library as they are, through their strides (a
+[B, S, H, d] array viewed as [B, H, S, d] is not copied); other real-valued arrays
+(float64, lists) are converted to a C-contiguous float32 copy. Shapes are checked
+here, since the library only sees pointers and the sizes it is given. Outputs
+(out=) are never converted.
 """
 import ctypes as C
 import math
@@ -11,10 +13,64 @@ import weakref
 
 import numpy as np
 
-from ._capi import (F32P, I32P, LAYOUTS, AttnDims, KvCache, LayerDesc, Mask, check, lib,
-                    on_isa)
+from ._capi import (DTYPES, F32P, I32P, LAYOUTS, AttnDims, KvCache, LayerDesc, Mask, Strides,
+                    check, lib, on_isa)
 
 _I32_MAX = 2**31 - 1
+
+try:  # bfloat16 arrays come from ml_dtypes, when it is installed
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BFLOAT16 = None
+
+# numpy dtypes of activations -> mha_dtype names
+_NP_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+if BFLOAT16 is not None:
+    _NP_TYPES[BFLOAT16] = "bf16"
+# mha_dtype names -> the numpy dtype of an array holding them (q8_0: raw bytes)
+_TYPE_NP = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BFLOAT16,
+            "q8_0": np.dtype(np.uint8)}
+
+
+def _type_name(t, what):
+    if t not in DTYPES:
+        raise ValueError(f"{what} must be one of {', '.join(DTYPES)}, not {t!r}")
+    if _TYPE_NP[t] is None:
+        raise ImportError(f"{what} {t!r} needs the ml_dtypes package (pip install ml_dtypes)")
+    return t
+
+
+def as_typed(x, name):
+    """(array, type name): x itself when it is a float32, float16 or bfloat16 ndarray whose
+    last axis is contiguous and whose other strides are whole non-negative elements;
+    a C-contiguous copy of a 16-bit array in its type otherwise; any other real array
+    as a C-contiguous float32 copy."""
+    if isinstance(x, np.ndarray) and x.dtype in _NP_TYPES:
+        item = x.dtype.itemsize
+        ok = x.ndim == 0 or (x.strides[-1] == item or x.shape[-1] == 1)
+        ok = ok and all(st >= 0 and st % item == 0 for st in x.strides)
+        return (x if ok else np.ascontiguousarray(x)), _NP_TYPES[x.dtype]
+    return as_f32(x, name), "f32"
+
+
+def _strides(a):
+    """Element strides (b, h, s) of a 4-D array, 0 on dimensions of size 1."""
+    return Strides(*(0 if n == 1 else st // a.dtype.itemsize
+                     for n, st in zip(a.shape[:3], a.strides[:3])))
+
+
+def q8_0_values(a):
+    """The values a q8_0 array holds, as float32: a is uint8 [..., n // 32 * 34] (ggml's
+    block_q8_0: a binary16 scale d, then 32 int8 values q; value = d * q)."""
+    a = np.ascontiguousarray(a, dtype=np.uint8)
+    if a.shape[-1] % 34:
+        raise ValueError(f"q8_0 rows hold 34-byte blocks; the last dimension is {a.shape[-1]}")
+    blocks = a.reshape(a.shape[:-1] + (a.shape[-1] // 34, 34))
+    d = blocks[..., :2].copy().view(np.float16).astype(np.float32)
+    q = blocks[..., 2:].view(np.int8).astype(np.float32)
+    return (d * q).reshape(a.shape[:-1] + (a.shape[-1] // 34 * 32,))
 
 
 def as_f32(x, name):
@@ -103,15 +159,15 @@ def _mask(B, H, Sq, Skv, *, key_lens=None, query_key_lens=None, bias=None, causa
     return mask, keep
 
 
-def _out(out, shape, inputs):
-    """out checked to be a writable C-contiguous float32 array of shape that overlaps no
+def _out(out, shape, inputs, dtype=np.dtype(np.float32)):
+    """out checked to be a writable C-contiguous array of dtype and shape that overlaps no
     input, or a new array when None."""
     if out is None:
-        return np.empty(shape, dtype=np.float32)
+        return np.empty(shape, dtype=dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
-    if out.dtype != np.float32:
-        raise TypeError(f"out must be float32, not {out.dtype}")
+    if out.dtype != dtype:
+        raise TypeError(f"out must be {dtype}, not {out.dtype}")
     if out.shape != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}, not {out.shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
@@ -138,7 +194,9 @@ def attention(q, k, v, *, scale=None, key_lens=None, query_key_lens=None, bias=N
     sinks [H] are mha_mask's fields. Returns out [B, H, Sq, dv] (layout "bhsd") or
     [B, Sq, H, dv] ("bshd"), written into out= when given. isa= runs this call on
     that ISA (see on_isa for what other threads see)."""
-    q, k, v = as_f32(q, "q"), as_f32(k, "k"), as_f32(v, "v")
+    (q, tq), (k, tk), (v, tv) = as_typed(q, "q"), as_typed(k, "k"), as_typed(v, "v")
+    if not tq == tk == tv:
+        raise TypeError(f"q, k and v must have one element type, got {tq}, {tk}, {tv}")
     B, H, Sq, dh = _dims(q, "q", "B H Sq dh".split())
     _, Hkv, Skv, _ = _dims(k, "k", "B Hkv Skv dh".split())
     _expect(k, "k", (B, Hkv, Skv, dh), "B Hkv Skv dh".split())
@@ -148,21 +206,35 @@ def attention(q, k, v, *, scale=None, key_lens=None, query_key_lens=None, bias=N
     mask, keep = _mask(B, H, Sq, Skv, key_lens=key_lens, query_key_lens=query_key_lens,
                        bias=bias, causal=causal, window=window, softcap=softcap,
                        alibi_slopes=alibi_slopes, sinks=sinks)
-    out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv), (q, k, v, *keep.values()))
-    dims = AttnDims(B, H, Hkv, Sq, Skv, dh, dv)
+    out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv), (q, k, v, *keep.values()),
+               _TYPE_NP[tq])
+    view = out if code == 0 else out.transpose(0, 2, 1, 3)
+    dims = AttnDims(B, H, Hkv, Sq, Skv, dh, dv, DTYPES[tq])
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     with on_isa(isa):
-        check(lib.mha_attention(C.byref(dims), _ptr(q), _ptr(k), _ptr(v), scale, C.byref(mask),
-                                _ptr(out), code), "mha_attention")
+        check(lib.mha_attention_strided(C.byref(dims), q.ctypes.data, C.byref(_strides(q)),
+                                        k.ctypes.data, C.byref(_strides(k)), v.ctypes.data,
+                                        C.byref(_strides(v)), scale, C.byref(mask),
+                                        out.ctypes.data, C.byref(_strides(view)), None),
+              "mha_attention_strided")
     return out
 
 
 class KVCache:
     """A KV cache in numpy arrays it owns: k, v and lens (int32 [B], rows filled per
-    sequence). layout "bhsd": k [B, Hkv, capacity, dh], v [B, Hkv, capacity, dv];
-    "bshd": k [B, capacity, Hkv, dh], v [B, capacity, Hkv, dv]."""
+    sequence), in the element type `dtype` ("f32", "f16", "bf16": float32, float16,
+    ml_dtypes.bfloat16 arrays; "q8_0": uint8 arrays of ggml's 34-byte blocks, read them
+    with q8_0_values), with q, out and the appended rows in `io_dtype` ("f32", "f16",
+    "bf16"). layout "bhsd": k [B, Hkv, capacity, dh], v [B, Hkv, capacity, dv]; "bshd":
+    k [B, capacity, Hkv, dh] (q8_0: the last dimension counts bytes, d // 32 * 34).
+    block_size > 0 makes it paged: k and v are then a pool of num_blocks blocks
+    ([num_blocks, Hkv, block_size, d] or [num_blocks, block_size, Hkv, d]), and
+    block_table (int32 [B, capacity // block_size], initially block b * n + i for
+    sequence b) names the pool block of each sequence's i-th block of rows; any
+    reassignment of its entries is taken by the next call."""
 
-    def __init__(self, batch, kv_heads, capacity, head_dim, v_head_dim=0, layout="bhsd"):
+    def __init__(self, batch, kv_heads, capacity, head_dim, v_head_dim=0, layout="bhsd",
+                 dtype="f32", io_dtype="f32", block_size=0, num_blocks=None):
         sizes = {"batch": batch, "kv_heads": kv_heads, "capacity": capacity,
                  "head_dim": head_dim}
         for name, n in sizes.items():
@@ -170,20 +242,44 @@ class KVCache:
                 raise ValueError(f"{name} must be in [1, 2**31 - 1], not {n}")
         if not 0 <= int(v_head_dim) <= _I32_MAX:
             raise ValueError(f"v_head_dim must be in [0, 2**31 - 1], not {v_head_dim}")
+        self.dtype, self.io_dtype = _type_name(dtype, "dtype"), _type_name(io_dtype, "io_dtype")
+        if self.io_dtype == "q8_0":
+            raise ValueError("io_dtype must be f32, f16 or bf16 (q8_0 is for caches)")
         self.layout = layout
         self.batch, self.kv_heads, self.capacity = int(batch), int(kv_heads), int(capacity)
         self.head_dim, self.v_head_dim = int(head_dim), int(v_head_dim) or int(head_dim)
+        self.block_size = int(block_size)
+        per, unit = (32, 34) if self.dtype == "q8_0" else (1, 1)
+        for name, d in (("head_dim", self.head_dim), ("v_head_dim", self.v_head_dim)):
+            if d % per:
+                raise ValueError(f"{name} must be a multiple of 32 for a q8_0 cache, not {d}")
         B, G, S = self.batch, self.kv_heads, self.capacity
-        # the axes of sequence, kv head and row in each array
+        rows, seqs = S, B
+        self._table = None
+        if self.block_size:
+            if self.block_size < 0 or S % self.block_size:
+                raise ValueError(f"block_size ({block_size}) must divide capacity ({S})")
+            max_blocks = S // self.block_size
+            seqs = B * max_blocks if num_blocks is None else int(num_blocks)
+            rows = self.block_size
+            self._table = np.arange(B * max_blocks, dtype=np.int32).reshape(B, max_blocks) % seqs
+        # the axes of sequence (or pool block), kv head and row in each array
         axes = (0, 1, 2) if _layout(layout) == 0 else (0, 2, 1)
-        shape = (B, G, S) if axes == (0, 1, 2) else (B, S, G)
-        self._k = np.zeros(shape + (self.head_dim,), dtype=np.float32)
-        self._v = np.zeros(shape + (self.v_head_dim,), dtype=np.float32)
+        shape = (seqs, G, rows) if axes == (0, 1, 2) else (seqs, rows, G)
+        np_type = _TYPE_NP[self.dtype]
+        self._k = np.zeros(shape + (self.head_dim // per * unit,), dtype=np_type)
+        self._v = np.zeros(shape + (self.v_head_dim // per * unit,), dtype=np_type)
         self._lens = np.zeros(B, dtype=np.int32)
-        ks = [self._k.strides[a] // 4 for a in axes]
-        vs = [self._v.strides[a] // 4 for a in axes]
+        # strides in the cache's units: elements, or 34-byte blocks for q8_0
+        ub = np_type.itemsize * unit
+        ks = [self._k.strides[a] // ub for a in axes]
+        vs = [self._v.strides[a] // ub for a in axes]
         self._c = KvCache(self._k.ctypes.data, self._v.ctypes.data, B, G, self.head_dim, S,
-                          *ks, self.v_head_dim, *vs)
+                          *ks, self.v_head_dim, *vs, DTYPES[self.dtype], DTYPES[self.io_dtype])
+        if self._table is not None:
+            self._c.block_table = _ptr(self._table, I32P)
+            self._c.block_size, self._c.max_blocks = self.block_size, S // self.block_size
+            self._c.num_blocks = seqs
 
     # The arrays the library reads and writes in place: their contents may be changed
     # (lens[:] = 0 empties the cache), the arrays themselves not replaced.
@@ -199,28 +295,44 @@ class KVCache:
     def lens(self):
         return self._lens
 
+    @property
+    def block_table(self):
+        return self._table
+
+    def _io(self, x, name):
+        """x as an array of the io type, C-contiguous."""
+        a, t = as_typed(x, name)
+        if t != self.io_dtype:
+            if not isinstance(x, np.ndarray) or x.dtype.kind != "f" or self.io_dtype != "f32":
+                raise TypeError(f"{name} must be {self.io_dtype} (the cache's io_dtype), not {t}")
+        return np.ascontiguousarray(a, dtype=_TYPE_NP[self.io_dtype])
+
     def append(self, k_new, v_new):
-        """Writes k_new [B, Hkv, n, dh] and v_new [B, Hkv, n, dv] at rows lens[b]..
-        lens[b] + n - 1 and adds n to lens (mha_kv_append)."""
-        k_new, v_new = as_f32(k_new, "k_new"), as_f32(v_new, "v_new")
+        """Writes k_new [B, Hkv, n, dh] and v_new [B, Hkv, n, dv] (io_dtype) converted to
+        the cache's type at rows lens[b].. lens[b] + n - 1 and adds n to lens
+        (mha_kv_append)."""
+        k_new, v_new = self._io(k_new, "k_new"), self._io(v_new, "v_new")
         n = _dims(k_new, "k_new", "B Hkv n dh".split())[2]
         _expect(k_new, "k_new", (self.batch, self.kv_heads, n, self.head_dim),
                 "B Hkv n dh".split())
         _expect(v_new, "v_new", (self.batch, self.kv_heads, n, self.v_head_dim),
                 "B Hkv n dv".split())
         with on_isa(None):
-            check(lib.mha_kv_append(C.byref(self._c), _ptr(self.lens, I32P), _ptr(k_new),
-                                    _ptr(v_new), n), "mha_kv_append")
+            check(lib.mha_kv_append(C.byref(self._c), _ptr(self.lens, I32P), k_new.ctypes.data,
+                                    v_new.ctypes.data, n), "mha_kv_append")
         self._lens += n
 
     def attention(self, q, *, scale=None, query_key_lens=None, bias=None, causal=False,
                   window=0, softcap=0.0, alibi_slopes=None, sinks=None, layout="bhsd",
                   out=None, lse=False, isa=None):
-        """Attention of q [B, H, Sq, dh] against rows j < lens[b] (mha_attention_cached):
-        row i sits at position lens[b] - Sq + i. bias broadcasts to [B, H, Sq, capacity].
-        Returns out as attention() does, or (out, lse [B, H, Sq]) when lse is true: the
-        log of each row's softmax denominator, -inf for a row that sees no key."""
-        q = as_f32(q, "q")
+        """Attention of q [B, H, Sq, dh] (io_dtype) against rows j < lens[b]
+        (mha_attention_cached_strided): row i sits at position lens[b] - Sq + i. bias
+        broadcasts to [B, H, Sq, capacity]. Returns out as attention() does, in io_dtype,
+        or (out, lse [B, H, Sq]) when lse is true: the log of each row's softmax
+        denominator, -inf for a row that sees no key."""
+        q, tq = as_typed(q, "q")
+        if tq != self.io_dtype:
+            q = self._io(q, "q")
         B, H, Sq, _ = _dims(q, "q", "B H Sq dh".split())
         _expect(q, "q", (self.batch, H, Sq, self.head_dim), "B H Sq dh".split())
         code = _layout(layout)
@@ -229,13 +341,15 @@ class KVCache:
                            alibi_slopes=alibi_slopes, sinks=sinks)
         dv = self.v_head_dim
         out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv),
-                   (q, self.k, self.v, *keep.values()))
+                   (q, self.k, self.v, *keep.values()), _TYPE_NP[self.io_dtype])
+        view = out if code == 0 else out.transpose(0, 2, 1, 3)
         lse_out = np.empty((B, H, Sq), dtype=np.float32) if lse else None
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         with on_isa(isa):
-            check(lib.mha_attention_cached(C.byref(self._c), _ptr(self.lens, I32P), _ptr(q), H,
-                                           Sq, scale, C.byref(mask), _ptr(out), code,
-                                           _ptr(lse_out)), "mha_attention_cached")
+            check(lib.mha_attention_cached_strided(
+                C.byref(self._c), _ptr(self.lens, I32P), q.ctypes.data, C.byref(_strides(q)), H,
+                Sq, scale, C.byref(mask), out.ctypes.data, C.byref(_strides(view)),
+                _ptr(lse_out)), "mha_attention_cached_strided")
         return (out, lse_out) if lse else out
 
 

@@ -263,7 +263,7 @@ def test_library_errors(case, exc, status, make, rng):
         libmha.attention(q, k, v, out=out, **fields)
     assert isinstance(info.value, libmha.Error) and isinstance(info.value, ValueError)
     assert info.value.status == status
-    assert str(info.value) == f"mha_attention: {_status_str(status)}"
+    assert str(info.value) == f"mha_attention_strided: {_status_str(status)}"
     assert np.all(np.isnan(out))  # every argument is checked before anything is written
 
 
