@@ -63,7 +63,7 @@ for _family in CACHED:
         "torch_sdpa": ("torch SDPA", "torch scaled_dot_product_attention"),
     }
 PEERS["decode"]["ggml"] = ("ggml", "ggml flash_attn_ext (ggml-python)")
-FRAMEWORKS = ["onnxruntime", "torch", "openvino"]  # peers.py --peer
+FRAMEWORKS = ["onnxruntime", "torch", "openvino", "ggml"]  # peers.py --peer
 ORT_OPS = {"Attention": "Attention op", "MultiHeadAttention": "com.microsoft MHA"}
 FAMILY_TITLES = {
     "qkv": "fused QKV projection",

@@ -12,7 +12,8 @@
 # 2. creates DIR/venv (its own site-packages: Debian's torch 1.13, whose
 #    OpenBLAS falls back to a pre-AVX2 core on some CPUs, and numpy 1.24 stay
 #    out) and installs each peer from PyPI that it lacks: onnxruntime and onnx;
-#    in full mode also torch and openvino. A peer that pip cannot install is
+#    in full mode also torch, openvino and ggml-python (ggml, built from
+#    source with cmake). A peer that pip cannot install is
 #    reported as unavailable, with pip's error, in the table's notes;
 # 3. builds mha-bench (meson -Dbench=true) in DIR (default build-bench);
 # 4. sets OPENBLAS_CORETYPE when OpenBLAS picked a pre-AVX2 fallback core on a
@@ -25,7 +26,7 @@
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
 # JSON), peers-<r>-<peer>.json, shapes.json, results.json, table.md,
-# attention.png, layer_seq.png, layer.png.
+# attention.png, layer_seq.png, layer.png, decode.png.
 #
 # --quick: 4 small shapes and one decode case, short runs, 1 round, ONNX
 # Runtime the only peer (CI smoke test, well under 2 minutes once built). Full:
@@ -64,7 +65,7 @@ rounds=${rounds:-1}
 if [ "$quick" = 1 ]; then
     min_time=0.02 mode=--quick peers=onnxruntime
 else
-    min_time=0.3 mode= peers="onnxruntime torch openvino"
+    min_time=0.3 mode= peers="onnxruntime torch openvino ggml"
 fi
 start=$(date +%s)
 step() { echo "==> [$(($(date +%s) - start))s] $*" >&2; }
@@ -72,7 +73,7 @@ step() { echo "==> [$(($(date +%s) - start))s] $*" >&2; }
 step "checking packages"
 need=
 for p in meson ninja-build g++ pkg-config python3-venv libbenchmark-dev libopenblas-dev \
-    python3-matplotlib; do
+    python3-matplotlib cmake; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
 done
 if [ -n "$need" ]; then
@@ -111,6 +112,8 @@ for peer in $peers; do
     onnxruntime) install_peer onnxruntime "onnxruntime, onnx" onnxruntime onnx ;;
     torch) install_peer torch torch torch ;;
     openvino) install_peer openvino openvino openvino ;;
+    # ggml-python builds ggml from source (cmake, about two minutes on 2 cores).
+    ggml) install_peer ggml ggml ggml-python==0.0.45 ;;
     esac
 done
 
@@ -179,4 +182,4 @@ step "writing the report"
 /usr/bin/python3 "$root/bench/report.py" --shapes "$out/shapes.json" $bench_args $peer_args \
     --openblas-detected "$openblas_detected" --out-dir "$out"
 cat "$out/table.md"
-step "done: $out/{results.json,table.md,attention.png,layer_seq.png,layer.png}"
+step "done: $out/{results.json,table.md,attention.png,layer_seq.png,layer.png,decode.png}"
