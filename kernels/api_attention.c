@@ -88,6 +88,9 @@ mha_status mha_attention(const mha_attn_dims *dims, const float *q, const float 
 {
     if (!dims || (out_layout != MHA_LAYOUT_BHSD && out_layout != MHA_LAYOUT_BSHD))
         return MHA_ERR_ARG;
+    const mha_status st = mha_check_dims(dims); /* sizes first: the strides below could overflow */
+    if (st != MHA_OK)
+        return st;
     const int32_t dv = value_dim(dims->v_head_dim, dims->head_dim);
     const mha_strides os = out_layout == MHA_LAYOUT_BHSD ? dense(dims->heads, dims->seq_q, dv)
                                                          : merged(dims->heads, dims->seq_q, dv);

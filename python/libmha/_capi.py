@@ -2,7 +2,8 @@
 
 The package drives the library through ctypes rather than a C extension: no
 Python headers or ABI to build against, and ctypes.CDLL drops the GIL for the
-whole duration of every foreign call. libmha.so sits beside this file.
+whole duration of every foreign call. libmha.so sits beside this file (or where
+the environment variable LIBMHA_LIBRARY says).
 """
 import contextlib
 import ctypes as C
@@ -91,7 +92,9 @@ class _Lib:
         return fn
 
 
-lib = _Lib(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmha.so"))
+# LIBMHA_LIBRARY names another build of the library to run the package on.
+lib = _Lib(os.environ.get("LIBMHA_LIBRARY")
+           or os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmha.so"))
 
 # name -> mha_isa value, from the library's own list.
 ISAS = {lib.mha_isa_name(i).decode(): i for i in range(lib.mha_isa_count())}
