@@ -358,3 +358,44 @@ void set_threads(int n)
     (void)n;
 #endif
 }
+
+/* One unit in the last place of r in type t (1 ulp of f32 for f32). */
+static double ulp_of(mha_dtype t, double r)
+{
+    const int bits = t == MHA_F16 ? 10 : t == MHA_BF16 ? 7 : 23;
+    const int emin = t == MHA_F16 ? -14 : -126;
+    int e = r == 0.0 ? emin : (int)floor(log2(fabs(r)));
+    e = e < emin ? emin : e;
+    return ldexp(1.0, e - bits);
+}
+
+double typed_ratio(mha_dtype t, const double *a, const double *r, int64_t n, double tol)
+{
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(r[i]) || isinf(a[i]) || isinf(r[i])) {
+            if (!(isnan(a[i]) && isnan(r[i])) && a[i] != r[i])
+                return INFINITY;
+            continue;
+        }
+        const double slack = (t == MHA_F32 ? 0.0 : ulp_of(t, r[i])) + tol * (1.0 + fabs(r[i]));
+        worst = fmax(worst, fabs(a[i] - r[i]) / slack);
+    }
+    return worst;
+}
+
+void *xcalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+double *typed_decode(mha_dtype t, const void *x, int64_t n)
+{
+    double *d = xcalloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = ref_value(t, x, i);
+    return d;
+}

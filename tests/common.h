@@ -113,4 +113,11 @@ const char *typed_row(const typed_rows *tr, int32_t j);
 void typed_rows_free(typed_rows *tr);
 /* dst (one row of type t) = the d floats x, converted as mha.h defines. */
 void typed_store(mha_dtype t, void *dst, const float *x, int32_t d);
+/* Max over i of |a - r| / (ulp(r) + tol (1 + |r|)) for values of type t (no ulp for
+   f32), NaN matching NaN and infinities matching exactly. */
+double typed_ratio(mha_dtype t, const double *a, const double *r, int64_t n, double tol);
+/* n values of type t decoded to doubles (malloc'd). */
+double *typed_decode(mha_dtype t, const void *x, int64_t n);
+/* n zero bytes (at least 1), never NULL. */
+void *xcalloc(size_t n);
 #endif

@@ -44,49 +44,6 @@ static void use(mha_isa i)
     assert_int_equal(mha_isa_force(i), MHA_OK);
 }
 
-/* One unit in the last place of r in type t (1 ulp of f32 for f32). */
-static double ulp_of(mha_dtype t, double r)
-{
-    const int bits = t == MHA_F16 ? 10 : t == MHA_BF16 ? 7 : 23;
-    const int emin = t == MHA_F16 ? -14 : -126;
-    int e = r == 0.0 ? emin : (int)floor(log2(fabs(r)));
-    e = e < emin ? emin : e;
-    return ldexp(1.0, e - bits);
-}
-
-/* Max over i of |a - r| / (ulp(r) + tol (1 + |r|)) for outputs of type t (0 ulp for
-   f32), NaN matching NaN and infinities matching exactly. */
-static double typed_ratio(mha_dtype t, const double *a, const double *r, int64_t n, double tol)
-{
-    double worst = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(r[i]) || isinf(a[i]) || isinf(r[i])) {
-            if (!(isnan(a[i]) && isnan(r[i])) && a[i] != r[i])
-                return INFINITY;
-            continue;
-        }
-        const double slack = (t == MHA_F32 ? 0.0 : ulp_of(t, r[i])) + tol * (1.0 + fabs(r[i]));
-        worst = fmax(worst, fabs(a[i] - r[i]) / slack);
-    }
-    return worst;
-}
-
-static void *xcalloc(size_t n)
-{
-    void *p = calloc(n ? n : 1, 1);
-    assert_non_null(p);
-    return p;
-}
-
-/* n values of type t decoded to doubles. */
-static double *decode(mha_dtype t, const void *x, int64_t n)
-{
-    double *d = xcalloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        d[i] = ref_value(t, x, i);
-    return d;
-}
-
 /* Random U(-1, 1) values stored as n values of type t (a fresh buffer). */
 static void *typed_rand(rng *r, mha_dtype t, int64_t n)
 {
@@ -159,8 +116,8 @@ static void check_typed(const shape *s, const mha_kv_cache *c, const void *q, co
     use(isa);
     assert_int_equal(st, MHA_OK);
     ref_attention_cached(c, s->lens, q, s->heads, s->seq_q, scale, mask, ref, layout, ref_lse);
-    double *g = decode(io, got, no), *w = decode(io, want, no);
-    double *gl = decode(MHA_F32, got_lse, nl), *wl = decode(MHA_F32, want_lse, nl);
+    double *g = typed_decode(io, got, no), *w = typed_decode(io, want, no);
+    double *gl = typed_decode(MHA_F32, got_lse, nl), *wl = typed_decode(MHA_F32, want_lse, nl);
     const double r_out = typed_ratio(io, w, ref, no, TOL_REF);
     const double r_lse = typed_ratio(MHA_F32, wl, ref_lse, nl, TOL_REF);
     const double i_out = typed_ratio(io, g, w, no, TOL_ISA), i_lse = typed_ratio(MHA_F32, gl, wl, nl, TOL_ISA);
@@ -261,7 +218,7 @@ static void activations_16bit(void **state)
         for (int layout = 0; layout < 2; layout++) {
             assert_int_equal(mha_attention(d, q, k, v, 0.2f, &m, out, (mha_layout)layout), MHA_OK);
             ref_attention(d, q, k, v, 0.2, &m, ref, (mha_layout)layout);
-            double *g = decode(d->dtype, out, no);
+            double *g = typed_decode(d->dtype, out, no);
             const double e = typed_ratio(d->dtype, g, ref, no, TOL_REF);
             if (e > 1.0)
                 fail_msg("%s attention %zu layout %d: %.3g x tolerance", mha_dtype_name(d->dtype), i,

@@ -79,6 +79,7 @@ static void attention_bad_masks(void **state)
 {
     (void)state;
     const int32_t kl_neg[B] = {1, -1}, kl_big[B] = {SKV + 1, 1};
+    const int32_t ks_neg[B] = {0, -1}, ks_big[B] = {SKV + 1, 0};
     int32_t qkl_neg[B * SQ] = {0}, qkl_big[B * SQ] = {0};
     qkl_neg[5] = -3;
     qkl_big[2] = SKV + 1;
@@ -88,6 +89,8 @@ static void attention_bad_masks(void **state)
         {.key_lens = kl_big},
         {.query_key_lens = qkl_neg},
         {.query_key_lens = qkl_big},
+        {.key_starts = ks_neg},
+        {.key_starts = ks_big, .causal = 1},
         {.bias = bias, .bias_stride_b = -1},
         {.bias = bias, .bias_stride_h = -SKV},
         {.bias = bias, .bias_stride_q = -1},
@@ -99,6 +102,112 @@ static void attention_bad_masks(void **state)
         assert_int_equal(mha_attention(&good, q, k, v, 1.0f, &masks[i], out, 0), MHA_ERR_MASK);
         assert_untouched();
     }
+}
+
+/* The strided calls: a negative stride or a NULL tensor is MHA_ERR_ARG, and so is an
+   out that overlaps q, k or v (by one element) or a type that is not an io type; a
+   view whose last element lies beyond the addressable is MHA_ERR_SHAPE; key_starts
+   outside [0, seq_kv] (capacity) is MHA_ERR_MASK; nothing written, lse included. The
+   same calls with q_offsets at the ends of int32 work. */
+static void strided_bad_args(void **state)
+{
+    (void)state;
+    const mha_strides dq = {H * SQ * DH, SQ * DH, DH}, dkv = {HKV * SKV * DH, SKV * DH, DH};
+    const mha_strides neg[] = {{-1, SQ * DH, DH}, {H * SQ * DH, -DH, DH}, {H * SQ * DH, SQ * DH, -1}};
+    const mha_strides huge = {INT64_MAX / 2, 1, 1};
+    float *lse = out2;
+    for (int i = 0; i < NQ; i++)
+        q[i] = sinf((float)i);
+    for (int i = 0; i < NKV; i++)
+        k[i] = cosf((float)i), v[i] = 1.0f + sinf((float)(3 * i));
+    for (size_t i = 0; i < sizeof neg / sizeof *neg; i++) {
+        fill_canary();
+        assert_int_equal(mha_attention_strided(&good, q, &neg[i], k, NULL, v, NULL, 1.0f, NULL,
+                                               out, NULL, lse), MHA_ERR_ARG);
+        assert_int_equal(mha_attention_strided(&good, q, NULL, k, &neg[i], v, NULL, 1.0f, NULL,
+                                               out, NULL, lse), MHA_ERR_ARG);
+        assert_int_equal(mha_attention_strided(&good, q, NULL, k, NULL, v, &neg[i], 1.0f, NULL,
+                                               out, NULL, lse), MHA_ERR_ARG);
+        assert_int_equal(mha_attention_strided(&good, q, NULL, k, NULL, v, NULL, 1.0f, NULL, out,
+                                               &neg[i], lse), MHA_ERR_ARG);
+        assert_untouched();
+    }
+    fill_canary();
+    assert_int_equal(mha_attention_strided(&good, q, &huge, k, NULL, v, NULL, 1.0f, NULL, out,
+                                           NULL, lse), MHA_ERR_SHAPE);
+    assert_int_equal(mha_attention_strided(&good, q, NULL, k, NULL, v, NULL, 1.0f, NULL, out,
+                                           &huge, lse), MHA_ERR_SHAPE);
+    assert_int_equal(mha_attention_strided(&good, NULL, NULL, k, NULL, v, NULL, 1.0f, NULL, out,
+                                           NULL, lse), MHA_ERR_ARG);
+    assert_int_equal(mha_attention_strided(&good, q, NULL, k, NULL, v, NULL, 1.0f, NULL, NULL,
+                                           NULL, lse), MHA_ERR_ARG);
+    /* out overlapping each input by its last element, through a buffer that holds both */
+    static float both[NQ + NKV];
+    const float *ins[3] = {q, k, v};
+    for (int which = 0; which < 3; which++) {
+        const int64_t n = which == 0 ? NQ : NKV;
+        memcpy(both, ins[which], sizeof(float) * (size_t)n);
+        const float *in = both;
+        float *o = both + n - 1;
+        const float *qq = which == 0 ? in : q, *kk = which == 1 ? in : k, *vv = which == 2 ? in : v;
+        assert_int_equal(mha_attention_strided(&good, qq, NULL, kk, NULL, vv, NULL, 1.0f, NULL,
+                                               o, &dq, lse), MHA_ERR_ARG);
+        assert_memory_equal(both, ins[which], sizeof(float) * (size_t)n);
+    }
+    const mha_attn_dims typed[] = {{B, H, HKV, SQ, SKV, DH, 0, MHA_Q8_0},
+                                   {B, H, HKV, SQ, SKV, DH, 0, (mha_dtype)7},
+                                   {B, H, HKV, SQ, SKV, DH, 0, (mha_dtype)-1}};
+    for (size_t i = 0; i < sizeof typed / sizeof *typed; i++)
+        assert_int_equal(mha_attention_strided(&typed[i], q, &dq, k, &dkv, v, &dkv, 1.0f, NULL,
+                                               out, NULL, lse), MHA_ERR_ARG);
+    const int32_t ks_big[B] = {0, SKV + 1};
+    const mha_mask starts = {.key_starts = ks_big};
+    assert_int_equal(mha_attention_strided(&good, q, &dq, k, &dkv, v, &dkv, 1.0f, &starts, out,
+                                           NULL, lse), MHA_ERR_MASK);
+    assert_untouched();
+
+    test_cache tc;
+    assert_true(test_cache_init(&tc, CACHE_BHSD, B, HKV, DH, 0, SKV));
+    rng r = {33};
+    int32_t lens[B] = {2, 1};
+    test_cache_fill(&tc, &r, lens);
+    for (size_t i = 0; i < sizeof neg / sizeof *neg; i++) {
+        assert_int_equal(mha_attention_cached_strided(&tc.c, lens, q, &neg[i], H, SQ, 1.0f, NULL,
+                                                      out, NULL, lse), MHA_ERR_ARG);
+        assert_int_equal(mha_attention_cached_strided(&tc.c, lens, q, NULL, H, SQ, 1.0f, NULL,
+                                                      out, &neg[i], lse), MHA_ERR_ARG);
+    }
+    assert_int_equal(mha_attention_cached_strided(&tc.c, lens, q, &huge, H, SQ, 1.0f, NULL, out,
+                                                  NULL, lse), MHA_ERR_SHAPE);
+    memcpy(both, q, sizeof(float) * NQ);
+    assert_int_equal(mha_attention_cached_strided(&tc.c, lens, both, NULL, H, SQ, 1.0f, NULL,
+                                                  both + NQ - 1, NULL, lse), MHA_ERR_ARG);
+    assert_memory_equal(both, q, sizeof(float) * NQ);
+    const int32_t cks_big[B] = {SKV + 1, 0};
+    const mha_mask cstarts = {.key_starts = cks_big, .causal = 1};
+    assert_int_equal(mha_attention_cached_strided(&tc.c, lens, q, NULL, H, SQ, 1.0f, &cstarts,
+                                                  out, NULL, lse), MHA_ERR_MASK);
+    assert_untouched();
+    /* q_offsets take any int32: the row at INT32_MIN sees no key, the one at INT32_MAX
+       every key (a window of 2^30 then none). */
+    const int32_t offs[B] = {INT32_MIN, INT32_MAX};
+    const mha_mask ends[] = {{.causal = 1, .q_offsets = offs},
+                             {.causal = 1, .window = 1 << 30, .q_offsets = offs}};
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+        assert_int_equal(mha_attention_strided(&good, q, NULL, k, NULL, v, NULL, 1.0f, &ends[i],
+                                               out, NULL, lse), MHA_OK);
+        for (int32_t h = 0; h < H; h++)
+            for (int32_t e = 0; e < SQ * DH; e++) {
+                assert_true(out[(0 * H + h) * SQ * DH + e] == 0.0f);
+                const float o1 = out[(1 * H + h) * SQ * DH + e];
+                assert_true(i == 0 ? o1 != 0.0f && isfinite(o1) : o1 == 0.0f);
+            }
+        assert_int_equal(mha_attention_cached_strided(&tc.c, lens, q, NULL, H, SQ, 1.0f, &ends[i],
+                                                      out, NULL, lse), MHA_OK);
+        assert_true(lse[0] == -INFINITY);
+        assert_true(i == 0 ? isfinite(lse[H * SQ]) : lse[H * SQ] == -INFINITY);
+    }
+    test_cache_free(&tc);
 }
 
 static void heads_bad_args(void **state)
@@ -302,7 +411,7 @@ int main(void)
         cmocka_unit_test(attention_bad_args),    cmocka_unit_test(attention_bad_masks),
         cmocka_unit_test(heads_bad_args),        cmocka_unit_test(layer_create_bad_args),
         cmocka_unit_test(layer_calls_bad_args),  cmocka_unit_test(bad_modifiers),
-        cmocka_unit_test(isa_and_strings),
+        cmocka_unit_test(isa_and_strings),       cmocka_unit_test(strided_bad_args),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

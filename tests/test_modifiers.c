@@ -1,6 +1,7 @@
 /* The score modifiers of mha_mask (window, softcap, ALiBi slopes, sinks) in all 16
  * combinations, each over every other mask field (key_lens, query_key_lens, a bias
- * with -INFINITY entries, causality, all at once), GQA, dv != dk and both out
+ * with -INFINITY entries, causality, left padding with rows at given positions
+ * (key_starts, q_offsets), all at once), GQA, dv != dk and both out
  * layouts, in mha_attention and in mha_attention_cached (the four cache layouts of
  * common.h, lens < capacity, decode and chunked prefill, split-KV lengths): scalar
  * against float64 within TOL_REF, the active ISA against scalar within TOL_ISA, lse
@@ -139,11 +140,11 @@ static float add_mods(mha_mask *m, int combo, rng *r, int *turn, const head_arra
 /* ---- the other mask fields ---- */
 
 /* M_KL and key_lens in M_ALL only for mha_attention (the cache takes lens instead). */
-enum { M_NONE, M_KL, M_QKL, M_BIAS, M_CAUSAL, M_ALL, M_COUNT };
+enum { M_NONE, M_KL, M_QKL, M_BIAS, M_CAUSAL, M_POS, M_ALL, M_COUNT };
 static const char *const mask_names[M_COUNT] = {"none", "key_lens", "query_key_lens", "bias",
-                                                "causal", "all"};
+                                                "causal", "positions", "all"};
 typedef struct base_masks {
-    int32_t *kl, *qkl;
+    int32_t *kl, *qkl, *starts, *offsets;
     float *bias;
     mha_mask m[M_COUNT];
 } base_masks;
@@ -162,6 +163,15 @@ static void base_masks_init(base_masks *bm, rng *r, int32_t B, int32_t H, int32_
         bm->kl[b] = keys - (b * 37 + 11) % span;
     for (int32_t i = 0; i < B * Sq; i++)
         bm->qkl[i] = keys - (i * 13 + 5) % span;
+    /* Left padding up to 159 keys short of keys, so ALiBi terms stay as small as above;
+       rows top-left (0), before key 0 (-3), ending 40 keys early, and past the keys. */
+    bm->starts = malloc(sizeof(int32_t) * (size_t)B);
+    bm->offsets = malloc(sizeof(int32_t) * (size_t)B);
+    for (int32_t b = 0; b < B; b++) {
+        bm->starts[b] = keys < 159 ? (b * 29 + 3) % (keys + 1) : keys - 150 + (b * 29) % 40;
+        const int32_t at[4] = {0, -3, keys - Sq - 40, keys + 5};
+        bm->offsets[b] = at[(b + Sq + keys) % 4];
+    }
     const int64_t n = (int64_t)B * H * Sq * keys, sh = (int64_t)Sq * keys;
     bm->bias = rand_floats(r, n, -2, 2);
     for (int64_t i = 3; i < n; i += 7)
@@ -174,8 +184,10 @@ static void base_masks_init(base_masks *bm, rng *r, int32_t B, int32_t H, int32_
         [M_BIAS] = {.bias = bm->bias, .bias_stride_b = sh * H, .bias_stride_h = sh,
                     .bias_stride_q = keys},
         [M_CAUSAL] = {.causal = 1},
+        [M_POS] = {.causal = 1, .key_starts = bm->starts, .q_offsets = bm->offsets},
         [M_ALL] = {.key_lens = kl, .query_key_lens = bm->qkl, .causal = 1, .bias = bm->bias,
-                   .bias_stride_b = sh * H, .bias_stride_h = sh, .bias_stride_q = keys},
+                   .bias_stride_b = sh * H, .bias_stride_h = sh, .bias_stride_q = keys,
+                   .key_starts = bm->starts, .q_offsets = bm->offsets},
     };
     memcpy(bm->m, m, sizeof m);
 }
@@ -184,16 +196,18 @@ static void base_masks_free(base_masks *bm)
 {
     free(bm->kl);
     free(bm->qkl);
+    free(bm->starts);
+    free(bm->offsets);
     free(bm->bias);
 }
 
 /* mha.h's rules: row i of sequence b, with `keys` keys (seq_kv, or lens[b] for the
-   cache), sits at p = keys - seq_q + i and may see keys [*begin, *end) (lengths,
-   causality, window); a -INFINITY bias hides more. */
+   cache), sits at p = keys - seq_q + i (or q_offsets[b] + i) and may see keys [*begin,
+   *end) (lengths, starts, causality, window); a -INFINITY bias hides more. */
 static void row_keys(const mha_mask *m, int32_t b, int32_t i, int32_t seq_q, int32_t keys,
                      int32_t *begin, int32_t *end)
 {
-    const int64_t pos = (int64_t)keys - seq_q + i;
+    const int64_t pos = m->q_offsets ? (int64_t)m->q_offsets[b] + i : (int64_t)keys - seq_q + i;
     int64_t e = keys, s = 0;
     if (m->key_lens && m->key_lens[b] < e)
         e = m->key_lens[b];
@@ -203,6 +217,8 @@ static void row_keys(const mha_mask *m, int32_t b, int32_t i, int32_t seq_q, int
         e = pos + 1;
     if (m->window > 0)
         s = pos - m->window + 1;
+    if (m->key_starts && m->key_starts[b] > s)
+        s = m->key_starts[b];
     *end = e < 0 ? 0 : (int32_t)e;
     *begin = s < 0 ? 0 : s > *end ? *end : (int32_t)s;
 }
