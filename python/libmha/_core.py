@@ -133,13 +133,15 @@ def bias_view(bias, shape):
 
 
 def _mask(B, H, Sq, Skv, *, key_lens=None, query_key_lens=None, bias=None, causal=False,
-          window=0, softcap=0.0, alibi_slopes=None, sinks=None):
-    """The mha_mask of these fields, and the arrays its pointers refer to (keep them)."""
+          window=None, softcap=None, alibi_slopes=None, sinks=None, key_starts=None,
+          q_offsets=None):
+    """The mha_mask of these fields (None: off), and the arrays its pointers refer to
+    (keep them)."""
     keep = {}
-    if key_lens is not None:
-        keep["key_lens"] = _as_i32(key_lens, "key_lens", (B,))
-    if query_key_lens is not None:
-        keep["query_key_lens"] = _as_i32(query_key_lens, "query_key_lens", (B, Sq))
+    for name, arr, shape in (("key_lens", key_lens, (B,)), ("query_key_lens", query_key_lens, (B, Sq)),
+                             ("key_starts", key_starts, (B,)), ("q_offsets", q_offsets, (B,))):
+        if arr is not None:
+            keep[name] = _as_i32(arr, name, shape)
     for name, arr in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if arr is not None:
             keep[name] = as_f32(arr, name)
@@ -147,15 +149,17 @@ def _mask(B, H, Sq, Skv, *, key_lens=None, query_key_lens=None, bias=None, causa
     strides = (0, 0, 0)
     if bias is not None:
         keep["bias"], *strides = bias_view(bias, (B, H, Sq, Skv))
-    window = int(window)
+    window = 0 if window is None else int(window)
     if not -2**31 <= window <= _I32_MAX:
         raise ValueError("window must fit in int32")
     mask = Mask(key_lens=_ptr(keep.get("key_lens"), I32P),
                 query_key_lens=_ptr(keep.get("query_key_lens"), I32P),
                 bias=_ptr(keep.get("bias")), bias_stride_b=strides[0],
                 bias_stride_h=strides[1], bias_stride_q=strides[2], causal=bool(causal),
-                window=window, softcap=float(softcap), alibi_slopes=_ptr(keep.get("alibi_slopes")),
-                sinks=_ptr(keep.get("sinks")))
+                window=window, softcap=0.0 if softcap is None else float(softcap),
+                alibi_slopes=_ptr(keep.get("alibi_slopes")), sinks=_ptr(keep.get("sinks")),
+                key_starts=_ptr(keep.get("key_starts"), I32P),
+                q_offsets=_ptr(keep.get("q_offsets"), I32P))
     return mask, keep
 
 
@@ -184,16 +188,19 @@ def _layout(layout):
 
 
 def attention(q, k, v, *, scale=None, key_lens=None, query_key_lens=None, bias=None,
-              causal=False, window=0, softcap=0.0, alibi_slopes=None, sinks=None,
-              layout="bhsd", out=None, isa=None):
-    """softmax(scale q k^T + mask) v per batch and head (mha_attention).
+              causal=False, window=None, softcap=None, alibi_slopes=None, sinks=None,
+              key_starts=None, q_offsets=None, layout="bhsd", out=None, lse=False, isa=None):
+    """softmax(scale q k^T + mask) v per batch and head (mha_attention_strided).
 
     q [B, H, Sq, dh], k [B, Hkv, Skv, dh], v [B, Hkv, Skv, dv] with H % Hkv == 0;
     scale defaults to 1/sqrt(dh). key_lens [B], query_key_lens [B, Sq], bias
-    broadcastable to [B, H, Sq, Skv], causal, window, softcap, alibi_slopes [H] and
-    sinks [H] are mha_mask's fields. Returns out [B, H, Sq, dv] (layout "bhsd") or
-    [B, Sq, H, dv] ("bshd"), written into out= when given. isa= runs this call on
-    that ISA (see on_isa for what other threads see)."""
+    broadcastable to [B, H, Sq, Skv], causal, window, softcap, alibi_slopes [H],
+    sinks [H], key_starts [B] (keys before them masked) and q_offsets [B] (row i of
+    sequence b at position q_offsets[b] + i; 0 is top-left causal) are mha_mask's
+    fields, None leaving each off. Returns out [B, H, Sq, dv] (layout "bhsd") or
+    [B, Sq, H, dv] ("bshd"), written into out= when given, or (out, lse [B, H, Sq])
+    when lse is true. isa= runs this call on that ISA (see on_isa for what other
+    threads see)."""
     (q, tq), (k, tk), (v, tv) = as_typed(q, "q"), as_typed(k, "k"), as_typed(v, "v")
     if not tq == tk == tv:
         raise TypeError(f"q, k and v must have one element type, got {tq}, {tk}, {tv}")
@@ -205,19 +212,21 @@ def attention(q, k, v, *, scale=None, key_lens=None, query_key_lens=None, bias=N
     code = _layout(layout)
     mask, keep = _mask(B, H, Sq, Skv, key_lens=key_lens, query_key_lens=query_key_lens,
                        bias=bias, causal=causal, window=window, softcap=softcap,
-                       alibi_slopes=alibi_slopes, sinks=sinks)
+                       alibi_slopes=alibi_slopes, sinks=sinks, key_starts=key_starts,
+                       q_offsets=q_offsets)
     out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv), (q, k, v, *keep.values()),
                _TYPE_NP[tq])
     view = out if code == 0 else out.transpose(0, 2, 1, 3)
     dims = AttnDims(B, H, Hkv, Sq, Skv, dh, dv, DTYPES[tq])
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    lse_out = np.empty((B, H, Sq), dtype=np.float32) if lse else None
     with on_isa(isa):
         check(lib.mha_attention_strided(C.byref(dims), q.ctypes.data, C.byref(_strides(q)),
                                         k.ctypes.data, C.byref(_strides(k)), v.ctypes.data,
                                         C.byref(_strides(v)), scale, C.byref(mask),
-                                        out.ctypes.data, C.byref(_strides(view)), None),
+                                        out.ctypes.data, C.byref(_strides(view)), _ptr(lse_out)),
               "mha_attention_strided")
-    return out
+    return (out, lse_out) if lse else out
 
 
 class KVCache:
@@ -323,11 +332,11 @@ class KVCache:
         self._lens += n
 
     def attention(self, q, *, scale=None, query_key_lens=None, bias=None, causal=False,
-                  window=0, softcap=0.0, alibi_slopes=None, sinks=None, layout="bhsd",
-                  out=None, lse=False, isa=None):
+                  window=None, softcap=None, alibi_slopes=None, sinks=None, key_starts=None,
+                  q_offsets=None, layout="bhsd", out=None, lse=False, isa=None):
         """Attention of q [B, H, Sq, dh] (io_dtype) against rows j < lens[b]
-        (mha_attention_cached_strided): row i sits at position lens[b] - Sq + i. bias
-        broadcasts to [B, H, Sq, capacity]. Returns out as attention() does, in io_dtype,
+        (mha_attention_cached_strided): row i sits at position lens[b] - Sq + i (or
+        q_offsets[b] + i). bias broadcasts to [B, H, Sq, capacity]. Returns out as attention() does, in io_dtype,
         or (out, lse [B, H, Sq]) when lse is true: the log of each row's softmax
         denominator, -inf for a row that sees no key."""
         q, tq = as_typed(q, "q")
@@ -338,7 +347,8 @@ class KVCache:
         code = _layout(layout)
         mask, keep = _mask(B, H, Sq, self.capacity, query_key_lens=query_key_lens, bias=bias,
                            causal=causal, window=window, softcap=softcap,
-                           alibi_slopes=alibi_slopes, sinks=sinks)
+                           alibi_slopes=alibi_slopes, sinks=sinks, key_starts=key_starts,
+                           q_offsets=q_offsets)
         dv = self.v_head_dim
         out = _out(out, (B, H, Sq, dv) if code == 0 else (B, Sq, H, dv),
                    (q, self.k, self.v, *keep.values()), _TYPE_NP[self.io_dtype])

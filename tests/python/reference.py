@@ -20,10 +20,12 @@ def rand(rng, *shape, scale=1.0):
 
 
 def attention64(q, k, v, scale=None, *, key_lens=None, query_key_lens=None, bias=None,
-                causal=False, window=0, softcap=0.0, alibi_slopes=None, sinks=None, pos=None):
+                causal=False, window=0, softcap=0.0, alibi_slopes=None, sinks=None, pos=None,
+                key_starts=None, q_offsets=None):
     """(out [B, H, Sq, dv], lse [B, H, Sq]) of mha_attention's definition: row i at
-    position pos[b, i] (default i + Skv - Sq), softcap, then bias and ALiBi, masks,
-    sinks in the denominator only; zeros and lse -inf for a row that sees no key."""
+    position pos[b, i] (default q_offsets[b] + i, else i + Skv - Sq), softcap, then bias
+    and ALiBi, masks (keys before key_starts[b] too), sinks in the denominator only;
+    zeros and lse -inf for a row that sees no key."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     B, H, Sq, dh = q.shape
     Hkv, Skv = k.shape[1:3]
@@ -33,6 +35,8 @@ def attention64(q, k, v, scale=None, *, key_lens=None, query_key_lens=None, bias
         s = softcap * np.tanh(s / softcap)
     if bias is not None:
         s = s + np.broadcast_to(np.asarray(bias, np.float64), s.shape)
+    if pos is None and q_offsets is not None:
+        pos = np.asarray(q_offsets, np.int64)[:, None] + np.arange(Sq)
     if pos is None:
         pos = np.broadcast_to(np.arange(Sq) + Skv - Sq, (B, Sq))
     p, j = np.asarray(pos)[:, None, :, None], np.arange(Skv)
@@ -43,6 +47,8 @@ def attention64(q, k, v, scale=None, *, key_lens=None, query_key_lens=None, bias
         visible &= j < np.asarray(key_lens)[:, None, None, None]
     if query_key_lens is not None:
         visible &= j < np.asarray(query_key_lens)[:, None, :, None]
+    if key_starts is not None:
+        visible &= j >= np.asarray(key_starts)[:, None, None, None]
     if causal:
         visible &= j <= p
     if window:

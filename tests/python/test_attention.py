@@ -100,6 +100,12 @@ MODIFIERS = {
                           "causal": True},
     "sinks": lambda rng: {"sinks": rand(rng, H, scale=2)},
     "sinks_all_masked_row": lambda rng: {"sinks": rand(rng, H), "key_lens": [0, 5]},
+    "left_padding": lambda rng: {"key_starts": [3, 0], "causal": True},
+    "top_left_causal": lambda rng: {"q_offsets": [0, 0], "causal": True},
+    "positions": lambda rng: {"key_starts": [2, 9], "q_offsets": [-2, 4], "causal": True,
+                              "window": 6, "alibi_slopes": -rng.uniform(0.1, 1, H).astype(np.float32)},
+    "none_is_off": lambda rng: {"window": None, "softcap": None, "key_starts": None,
+                                "q_offsets": None, "alibi_slopes": None, "sinks": None},
     "all": lambda rng: {"window": 5, "causal": True, "softcap": 1.5, "key_lens": [10, 7],
                         "alibi_slopes": -rng.uniform(0.1, 1, H).astype(np.float32),
                         "sinks": rand(rng, H), "bias": rand(rng, B, 1, SQ, SKV)},
@@ -112,6 +118,15 @@ def test_score_modifiers(isa, modifier, qkv, rng):
     q, k, v = qkv
     fields = MODIFIERS[modifier](rng)
     assert_close(libmha.attention(q, k, v, isa=isa, **fields), attention64(q, k, v, **fields)[0])
+
+
+def test_lse(qkv, rng):
+    q, k, v = qkv
+    fields = {"causal": True, "key_starts": [1, 4], "sinks": rand(rng, H)}
+    out, lse = libmha.attention(q, k, v, lse=True, **fields)
+    want, want_lse = attention64(q, k, v, **fields)
+    assert_close(out, want)
+    assert_close(lse, want_lse)
 
 
 def test_row_without_keys_gets_zeros(qkv):
