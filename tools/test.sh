@@ -4,8 +4,9 @@
 #    CPU has (MHA_ISA), the float64 PyTorch interop test, mha-validate's sweep,
 #    the README example, `meson install` + pkg-config, and a CMake project using
 #    find_package(mha);
-#  - the Python package: `pip install .` into a venv, its pytest suite (against
-#    float64 numpy and PyTorch) and the README's Python example;
+#  - the Python package: `pip install .` into a venv with torch 2 and transformers,
+#    its pytest suite (against float64 numpy and PyTorch, torch's SDPA, Hugging Face
+#    models on eager attention) and the README's Python examples;
 #  - the whole suite under ASan + UBSan, the cmocka suites under UBSan at -O0,
 #    and under valgrind memcheck for the scalar and native ISAs (each with sweeps
 #    thinned by MHA_TEST_QUICK);
@@ -110,12 +111,17 @@ else
 fi
 rm -rf "$staging"
 
-stage "Python package: pip install ., pytest, the README's Python example"
-# The venv sees Debian's numpy, torch and pytest (with xdist and timeout); meson-python,
-# ninja and ml_dtypes (bfloat16 arrays) come from PyPI. A fixed build dir keeps
+stage "Python package: pip install ., pytest, the README's Python examples"
+# The venv sees Debian's numpy and pytest (with xdist and timeout); meson-python, ninja,
+# ml_dtypes (bfloat16 arrays), torch 2 (libmha.torch's custom op; about 2.5 GB, once:
+# the venv stays in build-py) and transformers come from PyPI. A fixed build dir keeps
 # rebuilds incremental.
 venv=build-py/venv
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+if ! "$venv/bin/pip" install -q "torch>=2.4" "transformers>=4.56" >build-py/pip-torch.log 2>&1; then
+  tail -n 20 build-py/pip-torch.log
+  echo "pip install torch transformers: FAILED"; failed=$((failed + 1))
+fi
 if "$venv/bin/pip" install -q meson-python ninja "ml_dtypes<0.5" >build-py/pip.log 2>&1 &&
    "$venv/bin/pip" install -q --no-build-isolation --config-settings=build-dir="$root/build-py/build" . \
      >>build-py/pip.log 2>&1; then
@@ -138,15 +144,20 @@ PY
   else
     echo "pytest: FAILED (no report)"; failed=$((failed + 1))
   fi
-  /usr/bin/python3 - README.md build-py/example.py <<'PY'
+  # Every python block of README.md, each a complete program.
+  mkdir -p build-py/examples && rm -f build-py/examples/*.py
+  /usr/bin/python3 - README.md build-py/examples <<'PY'
 import re, sys
-open(sys.argv[2], "w").write(re.findall(r"```python\n(.*?)```", open(sys.argv[1]).read(), re.S)[0])
+for i, code in enumerate(re.findall(r"```python\n(.*?)```", open(sys.argv[1]).read(), re.S)):
+    open(f"{sys.argv[2]}/example{i + 1}.py", "w").write(code)
 PY
-  if (cd build-py && OMP_NUM_THREADS=2 venv/bin/python example.py); then
-    echo "README Python example: ok"; passed=$((passed + 1))
-  else
-    echo "README Python example: FAILED"; failed=$((failed + 1))
-  fi
+  for example in build-py/examples/*.py; do
+    if (cd build-py && OMP_NUM_THREADS=2 venv/bin/python "../$example"); then
+      echo "README Python $(basename "$example"): ok"; passed=$((passed + 1))
+    else
+      echo "README Python $(basename "$example"): FAILED"; failed=$((failed + 1))
+    fi
+  done
 else
   tail -n 40 build-py/pip.log
   echo "pip install .: FAILED"; failed=$((failed + 1))
