@@ -3,7 +3,8 @@
     attention(q, k, v, ...)        fused scale-mask-softmax-matmul (mha_attention)
     Layer(...), Layer.from_torch   a whole layer with packed weights (mha_layer_*)
     KVCache(...)                   a KV cache for decoding (mha_kv_append, mha_attention_cached),
-                                   f32, f16, bf16 or q8_0, contiguous or paged
+                                   f32, f16, bf16 or q8_0, contiguous or paged;
+                                   KVCache.wrap over the caller's arrays or tensors
     q8_0_values(a)                 the float32 values a q8_0 byte array holds
     isa_available(), isa_active()  the kernels this CPU runs
     set_num_threads, get_num_threads  the threads of the library's parallel loops

@@ -229,6 +229,34 @@ def attention(q, k, v, *, scale=None, key_lens=None, query_key_lens=None, bias=N
     return (out, lse_out) if lse else out
 
 
+def _host_view(x, name):
+    """A numpy view of an ndarray or a CPU torch tensor (its memory, not a copy)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        if x.device.type != "cpu":
+            raise TypeError(f"{name} must be on the CPU, not {x.device}")
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            if BFLOAT16 is None:
+                raise TypeError(f"{name}: bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+            return x.view(torch.int16).numpy().view(BFLOAT16)
+        return x.numpy()
+    raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, not {type(x).__name__}")
+
+
+def _int32_in_place(x, name, ndim):
+    """x as a C-contiguous int32 array sharing its memory (the library reads it and
+    KVCache.append updates lens)."""
+    a = _host_view(x, name)
+    if a.dtype != np.int32 or a.ndim != ndim or not a.flags.c_contiguous or not a.flags.writeable:
+        raise TypeError(f"{name} must be a writable C-contiguous int32 array of {ndim} axes, "
+                        f"not {a.dtype} {a.shape}")
+    return a
+
+
 class KVCache:
     """A KV cache in numpy arrays it owns: k, v and lens (int32 [B], rows filled per
     sequence), in the element type `dtype` ("f32", "f16", "bf16": float32, float16,
@@ -279,16 +307,86 @@ class KVCache:
         self._k = np.zeros(shape + (self.head_dim // per * unit,), dtype=np_type)
         self._v = np.zeros(shape + (self.v_head_dim // per * unit,), dtype=np_type)
         self._lens = np.zeros(B, dtype=np.int32)
-        # strides in the cache's units: elements, or 34-byte blocks for q8_0
-        ub = np_type.itemsize * unit
+        self._bind(axes, seqs)
+
+    def _bind(self, axes, pool):
+        """The C description of the arrays k, v, lens and block table."""
+        unit = 34 if self.dtype == "q8_0" else 1  # strides count 34-byte blocks for q8_0
+        ub = self._k.dtype.itemsize * unit
         ks = [self._k.strides[a] // ub for a in axes]
         vs = [self._v.strides[a] // ub for a in axes]
-        self._c = KvCache(self._k.ctypes.data, self._v.ctypes.data, B, G, self.head_dim, S,
-                          *ks, self.v_head_dim, *vs, DTYPES[self.dtype], DTYPES[self.io_dtype])
+        self._c = KvCache(self._k.ctypes.data, self._v.ctypes.data, self.batch, self.kv_heads,
+                          self.head_dim, self.capacity, *ks, self.v_head_dim, *vs,
+                          DTYPES[self.dtype], DTYPES[self.io_dtype])
         if self._table is not None:
             self._c.block_table = _ptr(self._table, I32P)
-            self._c.block_size, self._c.max_blocks = self.block_size, S // self.block_size
-            self._c.num_blocks = seqs
+            self._c.block_size = self.block_size
+            self._c.max_blocks = self.capacity // self.block_size
+            self._c.num_blocks = pool
+
+    @classmethod
+    def wrap(cls, k, v, lens=None, *, layout="bhsd", dtype=None, io_dtype="f32",
+             block_table=None):
+        """A KVCache over the caller's arrays (numpy, or CPU torch tensors such as a
+        transformers StaticCache's), read and written in place, in any strides whose
+        last axis is contiguous: k [B, Hkv, capacity, dh] and v [B, Hkv, capacity, dv]
+        for layout "bhsd", [B, capacity, Hkv, d] for "bshd". With block_table (int32
+        [B, max_blocks]) k and v are pools of blocks, [num_blocks, Hkv, block_size, d]
+        (or [num_blocks, block_size, Hkv, d]), and capacity = max_blocks * block_size.
+        dtype follows the arrays (float32, float16, bfloat16); pass "q8_0" for uint8
+        arrays of ggml's blocks (the last axis counts bytes). lens (int32 [B], the rows
+        filled) and block_table are used in place when they are int32 arrays; lens
+        defaults to zeros."""
+        self = cls.__new__(cls)
+        k, v = _host_view(k, "k"), _host_view(v, "v")
+        if k.ndim != 4 or v.ndim != 4:
+            raise ValueError(f"k and v must be 4-D, not {k.ndim}-D and {v.ndim}-D")
+        if dtype is None:
+            if k.dtype not in _NP_TYPES:
+                raise TypeError(f"k is {k.dtype}: pass dtype='q8_0' for q8_0 bytes, or use "
+                                "float32, float16 or bfloat16 arrays")
+            dtype = _NP_TYPES[k.dtype]
+        self.dtype, self.io_dtype = _type_name(dtype, "dtype"), _type_name(io_dtype, "io_dtype")
+        if self.io_dtype == "q8_0":
+            raise ValueError("io_dtype must be f32, f16 or bf16 (q8_0 is for caches)")
+        want = _TYPE_NP[self.dtype]
+        for name, a in (("k", k), ("v", v)):
+            if a.dtype != want:
+                raise TypeError(f"{name} must be {want} for a {self.dtype} cache, not {a.dtype}")
+            if a.strides[-1] != a.itemsize and a.shape[-1] > 1:
+                raise ValueError(f"{name}'s last axis must be contiguous")
+            unit = a.itemsize * (34 if self.dtype == "q8_0" else 1)
+            if any(st < 0 or st % unit for st in a.strides[:3]):
+                raise ValueError(f"{name}'s strides must be non-negative whole "
+                                 f"{'34-byte blocks' if unit > a.itemsize else 'elements'}")
+        self.layout = layout
+        axes = (0, 1, 2) if _layout(layout) == 0 else (0, 2, 1)
+        pool, G, rows = (k.shape[a] for a in axes)
+        if tuple(v.shape[a] for a in axes) != (pool, G, rows):
+            raise ValueError(f"k {k.shape} and v {v.shape} differ outside their last axis")
+        per, unit = (32, 34) if self.dtype == "q8_0" else (1, 1)
+        if k.shape[3] % unit or v.shape[3] % unit:
+            raise ValueError("q8_0 rows must be whole 34-byte blocks")
+        self.head_dim, self.v_head_dim = k.shape[3] // unit * per, v.shape[3] // unit * per
+        self.kv_heads, self.block_size, self._table = G, 0, None
+        if block_table is not None:
+            self._table = _int32_in_place(block_table, "block_table", 2)
+            self.batch, max_blocks = self._table.shape
+            self.block_size, self.capacity = rows, max_blocks * rows
+        else:
+            self.batch, self.capacity = pool, rows
+        for name, n in (("batch", self.batch), ("kv_heads", G), ("capacity", self.capacity),
+                        ("head_dim", self.head_dim), ("v_head_dim", self.v_head_dim)):
+            if not 0 < n <= _I32_MAX:
+                raise ValueError(f"{name} must be in [1, 2**31 - 1], not {n}")
+        if lens is None:
+            lens = np.zeros(self.batch, dtype=np.int32)
+        self._lens = _int32_in_place(lens, "lens", 1)
+        if self._lens.shape != (self.batch,):
+            raise ValueError(f"lens must have shape ({self.batch},), not {self._lens.shape}")
+        self._k, self._v = k, v
+        self._bind(axes, pool)
+        return self
 
     # The arrays the library reads and writes in place: their contents may be changed
     # (lens[:] = 0 empties the cache), the arrays themselves not replaced.

@@ -119,3 +119,85 @@ def test_q8_0_values():
     assert np.array_equal(libmha.q8_0_values(block), 0.5 * np.arange(-16, 16, dtype=np.float32))
     with pytest.raises(ValueError, match="34-byte"):
         libmha.q8_0_values(np.zeros(33, np.uint8))
+
+
+def padded_copy(a):
+    """a's values in a larger array, seen through a strided view of the same shape."""
+    big = np.zeros(a.shape[:-1] + (a.shape[-1] + 34,), dtype=a.dtype)
+    view = big[..., 34:]
+    view[...] = a
+    return view
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("block_size", [0, 8])
+def test_cache_wraps_callers_arrays(dtype, layout, block_size, rng):
+    """KVCache.wrap over strided copies of an owning cache's arrays: the same results
+    bit for bit, and appends land in the caller's memory."""
+    if dtype == "bf16" and libmha.BFLOAT16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    B, G, H, cap, dh = 2, 2, 4, 32, 32
+    own = libmha.KVCache(B, G, cap, dh, layout=layout, dtype=dtype, block_size=block_size)
+    if block_size:
+        rng.shuffle(own.block_table.reshape(-1))
+    own.append(rand(rng, B, G, 9, dh), rand(rng, B, G, 9, dh))
+    k, v = padded_copy(own.k), padded_copy(own.v)
+    lens, table = own.lens.copy(), None if not block_size else own.block_table.copy()
+    c = libmha.KVCache.wrap(k, v, lens, layout=layout, dtype="q8_0" if dtype == "q8_0" else None,
+                            block_table=table)
+    assert (c.batch, c.kv_heads, c.capacity, c.head_dim, c.dtype) == (B, G, cap, dh, dtype)
+    assert c.k is k and c.lens is lens and c._c.stride_s != own._c.stride_s
+    q = rand(rng, B, H, 2, dh)
+    assert np.array_equal(c.attention(q, causal=True), own.attention(q, causal=True))
+    kn, vn = rand(rng, B, G, 3, dh), rand(rng, B, G, 3, dh)
+    own.append(kn, vn)
+    c.append(kn, vn)
+    assert list(lens) == [12, 12]
+    assert np.array_equal(k.view(np.uint8), own.k.view(np.uint8))
+    assert np.array_equal(v.view(np.uint8), own.v.view(np.uint8))
+
+
+def test_cache_wraps_torch_tensors(rng):
+    """A transformers StaticCache-like layer, [B, Hkv, max_len, D] torch tensors in
+    bf16 and f16, with rows written in place."""
+    torch = pytest.importorskip("torch")
+    B, G, H, cap, dh = 2, 2, 4, 16, 32
+    for t in (torch.float16, torch.bfloat16):
+        if t == torch.bfloat16 and libmha.BFLOAT16 is None:
+            continue
+        keys, values = torch.zeros(B, G, cap, dh, dtype=t), torch.zeros(B, G, cap, dh, dtype=t)
+        lens = torch.zeros(B, dtype=torch.int32)
+        c = libmha.KVCache.wrap(keys, values, lens)
+        kn = rand(rng, B, G, 5, dh)
+        c.append(kn, kn)
+        assert lens.tolist() == [5, 5]
+        held = keys.double().numpy()
+        assert np.allclose(held[:, :, :5], kn, rtol=1e-2, atol=1e-2) and not held[:, :, 5:].any()
+        q = rand(rng, B, H, 1, dh)
+        want = attention64(q, held, values.double().numpy(), key_lens=lens.numpy(),
+                           pos=np.full((B, 1), 4))[0]
+        assert_close(c.attention(q), want)
+
+
+def test_cache_wrap_errors(rng):
+    k = np.zeros((2, 2, 8, 32), np.float32)
+    with pytest.raises(ValueError, match="last axis"):
+        libmha.KVCache.wrap(k[..., ::2], k[..., ::2])
+    with pytest.raises(TypeError, match="must be float16"):
+        libmha.KVCache.wrap(k.astype(np.float16), k)
+    with pytest.raises(ValueError, match="differ"):
+        libmha.KVCache.wrap(k, k[:, :, :4])
+    with pytest.raises(TypeError, match="q8_0"):
+        libmha.KVCache.wrap(k.view(np.uint8), k.view(np.uint8))
+    with pytest.raises(ValueError, match="34-byte"):
+        libmha.KVCache.wrap(np.zeros((2, 2, 8, 40), np.uint8), np.zeros((2, 2, 8, 40), np.uint8),
+                            dtype="q8_0")
+    with pytest.raises(TypeError, match="lens"):
+        libmha.KVCache.wrap(k, k, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="lens must have shape"):
+        libmha.KVCache.wrap(k, k, np.zeros(3, np.int32))
+    with pytest.raises(TypeError, match="block_table"):
+        libmha.KVCache.wrap(k, k, block_table=np.zeros(2, np.int32))
+    with pytest.raises(TypeError, match="numpy.ndarray or a torch.Tensor"):
+        libmha.KVCache.wrap([[1.0]], k)
