@@ -17,9 +17,10 @@ those fields after an exact check (the skipped tiles are then never computed);
 any other mask is added as a bias through its broadcast strides. The one difference
 from torch: a query row that may see no key gets zeros (torch gives NaN).
 
-The call is the custom operator torch.ops.libmha.sdpa where torch.library has
-custom_op (torch >= 2.4), with a fake kernel, so that torch.compile traces through
-it. It is inference only: dropout_p != 0, and inputs that require grad while grad
+Under torch.compile the call is the custom operator torch.ops.libmha.sdpa (where
+torch.library has custom_op, torch >= 2.4), with a fake kernel, so that the graph
+traces through it; eager calls run the same code without the dispatcher's tens of
+microseconds. It is inference only: dropout_p != 0, and inputs that require grad while grad
 mode is on, raise.
 """
 import ctypes as C
@@ -30,7 +31,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from ._capi import DTYPES, AttnDims, Strides, check, lib
+from ._capi import DTYPES, F32P, AttnDims, Mask, Strides, check, lib
 from ._core import _I32_MAX, _mask, _ptr
 
 _TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -41,22 +42,25 @@ def _tensor(t, name):
     dimension (a copy only when it was not)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"{name} must be on the CPU, not {t.device}")
     if t.dtype not in _TYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, not {t.dtype}")
-    if t.dim() != 4:
+    shape, stride = t.shape, t.stride()
+    if len(shape) != 4:
         raise ValueError(f"{name} must be 4-D [B, H, S, D] (or 3-D [H, S, D]), "
-                         f"got shape {tuple(t.shape)}")
-    if any(n > _I32_MAX for n in t.shape):
-        raise ValueError(f"{name}: every dimension must fit in int32, got {tuple(t.shape)}")
-    if (t.stride(-1) != 1 and t.shape[-1] > 1) or any(s < 0 for s in t.stride()):
+                         f"got shape {tuple(shape)}")
+    if max(shape) > _I32_MAX:
+        raise ValueError(f"{name}: every dimension must fit in int32, got {tuple(shape)}")
+    if (stride[3] != 1 and shape[3] > 1) or min(stride) < 0:
         t = t.contiguous()
     return t
 
 
 def _strides(t):
-    return Strides(*(0 if n == 1 else s for n, s in zip(t.shape[:3], t.stride()[:3])))
+    """Element strides (b, h, s) of a 4-D tensor, 0 on dimensions of size 1."""
+    (b, h, s, _), (sb, sh, ss, _) = t.shape, t.stride()
+    return Strides(0 if b == 1 else sb, 0 if h == 1 else sh, 0 if s == 1 else ss)
 
 
 def _per_head(x, name, H):
@@ -176,11 +180,14 @@ def _mask_from(attn_mask, B, H, L, S):
     return None, a.to(torch.float32).numpy()
 
 
+_NO_MASK = Mask()  # every field off: the C library only reads it
+
+
 def _run(query, key, value, attn_mask, is_causal, scale, window, softcap, sinks, alibi_slopes,
          out, lse):
     B, H, L, E = query.shape
     Hkv, S, Ev = key.shape[1], key.shape[2], value.shape[3]
-    kw = {"window": window, "softcap": softcap, "sinks": sinks, "alibi_slopes": alibi_slopes}
+    kw = {}
     bias = None
     if is_causal:
         kw.update(causal=True, q_offsets=np.zeros(B, np.int64))  # top-left, as torch
@@ -189,14 +196,20 @@ def _run(query, key, value, attn_mask, is_causal, scale, window, softcap, sinks,
         if fields is not None:
             w = fields["window"]
             kw.update({k: v for k, v in fields.items() if v is not None and k != "window"})
-            kw["window"] = min(w, window) if w and window else w or window
-    mask, keep = _mask(B, H, L, S, bias=bias, **kw)
+            window = min(w, window) if w and window else w or window
+    if kw or bias is not None or window or softcap or sinks is not None or \
+            alibi_slopes is not None:
+        mask, keep = _mask(B, H, L, S, bias=bias, window=window, softcap=softcap, sinks=sinks,
+                           alibi_slopes=alibi_slopes, **kw)
+    else:
+        mask, keep = _NO_MASK, None
     dims = AttnDims(B, H, Hkv, L, S, E, Ev, DTYPES[_TYPES[query.dtype]])
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     check(lib.mha_attention_strided(C.byref(dims), query.data_ptr(), C.byref(_strides(query)),
                                     key.data_ptr(), C.byref(_strides(key)), value.data_ptr(),
                                     C.byref(_strides(value)), scale, C.byref(mask),
-                                    out.data_ptr(), C.byref(_strides(out)), _ptr(lse.numpy())),
+                                    out.data_ptr(), C.byref(_strides(out)),
+                                    None if lse is None else C.cast(lse.data_ptr(), F32P)),
           "mha_attention_strided")
     del keep
 
@@ -245,12 +258,12 @@ def _checked(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, out
 
 
 def _impl(query, key, value, attn_mask, is_causal, scale, window, softcap, sinks, alibi_slopes,
-          out):
-    """out (or a new [B, H, L, Ev] tensor) and lse [B, H, L]."""
+          out, want_lse=True):
+    """out (or a new [B, H, L, Ev] tensor) and lse [B, H, L] (None unless want_lse)."""
     B, H, L, _ = query.shape
     if out is None:
         out = torch.empty((B, H, L, value.shape[3]), dtype=query.dtype)
-    lse = torch.empty((B, H, L), dtype=torch.float32)
+    lse = torch.empty((B, H, L), dtype=torch.float32) if want_lse else None
     _run(query, key, value, attn_mask, is_causal, scale, window, softcap,
          _per_head(sinks, "sinks", H), _per_head(alibi_slopes, "alibi_slopes", H), out, lse)
     return out, lse
@@ -273,6 +286,13 @@ if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
                 query.new_empty((B, H, L), dtype=torch.float32))
 else:
     _sdpa_op = None
+
+
+def _tracing():
+    """True while torch.compile (dynamo) traces: calls go through the custom op, which
+    costs tens of microseconds in eager mode and computes the same."""
+    compiler = getattr(torch, "compiler", None)
+    return _sdpa_op is not None and compiler is not None and compiler.is_compiling()
 
 
 def _as_tensor(x):
@@ -308,7 +328,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         alibi_slopes = alibi_slopes.detach()
     args = (q, k, v, attn_mask, bool(is_causal), None if scale is None else float(scale), window,
             softcap, sinks, alibi_slopes)
-    res, lse = _sdpa_op(*args) if out is None and _sdpa_op is not None else _impl(*args, out)
+    if out is None and _tracing():
+        res, lse = _sdpa_op(*args)
+    else:
+        res, lse = _impl(*args, out, return_lse)
     if squeeze:
-        res, lse = res[0], lse[0]
+        res, lse = res[0], None if lse is None else lse[0]
     return (res, lse) if return_lse else res
