@@ -94,6 +94,12 @@ void test_cache_free(test_cache *t);
 #include "dtype.h"
 #define TEST_DTYPES(X) MHA_DTYPE_LIST(X)
 
+/* Every element type, in the list's order. */
+#define TEST_DTYPE_VALUE_(name, value, bytes, values, io) value,
+static const mha_dtype test_types[] = {TEST_DTYPES(TEST_DTYPE_VALUE_)};
+#undef TEST_DTYPE_VALUE_
+enum { TEST_TYPE_COUNT = sizeof test_types / sizeof *test_types };
+
 /* Rows of d values of type t (MHA_Q8_0: d a multiple of 32) stored from floats x[j*ld
    + e], j < rows: contiguous at `stride` bytes (pad_units units of padding after each
    row, NaN-filled), or paged when block_size > 0: pool blocks of block_size rows at

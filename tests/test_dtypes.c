@@ -32,12 +32,6 @@
 static mha_isa isa;
 static int quick;
 
-static const mha_dtype all_types[] = {
-#define TYPE_ENTRY_(name, value, bytes, values, io) value,
-    TEST_DTYPES(TYPE_ENTRY_)
-#undef TYPE_ENTRY_
-};
-enum { N_TYPES = sizeof all_types / sizeof *all_types };
 
 static void use(mha_isa i)
 {
@@ -172,8 +166,8 @@ static void typed_vs_float64(void **state)
         masks_init(&ms, &r, s);
         for (int kind = 0; kind < CACHE_KINDS; kind++)
             for (int m = 0; m < M_COUNT; m++, turn++) {
-                const mha_dtype dtype = all_types[turn % N_TYPES];
-                const int32_t bs0 = block_sizes[turn / N_TYPES % (sizeof block_sizes / sizeof *block_sizes)];
+                const mha_dtype dtype = test_types[turn % TEST_TYPE_COUNT];
+                const int32_t bs0 = block_sizes[turn / TEST_TYPE_COUNT % (sizeof block_sizes / sizeof *block_sizes)];
                 /* a block size that divides the capacity, or larger than every lens */
                 const int32_t bs = bs0 && s->capacity % bs0 ? s->capacity : bs0;
                 const mha_dtype io = turn % 3 == 2 ? (turn % 2 ? MHA_F16 : MHA_BF16) : MHA_F32;
@@ -238,13 +232,13 @@ static void typed_threads_bitwise(void **state)
     rng r = {203};
     const shape s = {1, 8, 2, 64, 64, 4096, 1, {4000}};
     const shape p = {2, 4, 1, 64, 32, 512, 20, {500, 77}};
-    for (int t = 0; t < N_TYPES; t++)
+    for (int t = 0; t < TEST_TYPE_COUNT; t++)
         for (int which = 0; which < 2; which++) {
             const shape *sh = which ? &p : &s;
             if (too_big(sh, 2.5e6))
                 continue;
             test_cache tc;
-            assert_true(test_cache_init_as(&tc, (cache_kind)(t % CACHE_KINDS), all_types[t],
+            assert_true(test_cache_init_as(&tc, (cache_kind)(t % CACHE_KINDS), test_types[t],
                                            t == 1 ? MHA_BF16 : MHA_F32, which ? 16 : 64, sh->batch,
                                            sh->kv_heads, sh->dk, sh->dv == sh->dk ? 0 : sh->dv,
                                            sh->capacity, &r));
@@ -261,7 +255,7 @@ static void typed_threads_bitwise(void **state)
                                                       &m, o[n > 0], MHA_LAYOUT_BHSD, l[n > 0]),
                                  MHA_OK);
                 if (n > 0 && (memcmp(o[0], o[1], ob) || memcmp(l[0], l[1], sizeof(float) * (size_t)nl)))
-                    fail_msg("%s %s: %d threads differ from 1", mha_dtype_name(all_types[t]),
+                    fail_msg("%s %s: %d threads differ from 1", mha_dtype_name(test_types[t]),
                              which ? "paged" : "split", thread_counts[n]);
             }
             set_threads(2);
@@ -352,10 +346,10 @@ static void append_every_type(void **state)
     rng r = {205};
     const int32_t B = 2, G = 2, dk = 64, dv = 32, cap = 48, n = 5;
     const int32_t lens[2] = {3, 40};
-    for (int ti = 0; ti < N_TYPES; ti++)
+    for (int ti = 0; ti < TEST_TYPE_COUNT; ti++)
         for (int io = 0; io < 3; io++)
             for (int paged = 0; paged < 2; paged++) {
-                const mha_dtype t = all_types[ti], iot = (mha_dtype)io;
+                const mha_dtype t = test_types[ti], iot = (mha_dtype)io;
                 test_cache tc;
                 assert_true(test_cache_init_as(&tc, (cache_kind)((ti + io) % 2), t, iot, paged ? 16 : 0,
                                                B, G, dk, dv, cap, &r));
@@ -400,9 +394,9 @@ static void layer_step_every_type(void **state)
     test_layer t;
     test_layer_init(&t, &r, H, G, DH, E, 0, 0, 0, 1);
     float *x = rand_floats(&r, B * SQ * E, -1, 1);
-    for (int ti = 0; ti < N_TYPES; ti++)
+    for (int ti = 0; ti < TEST_TYPE_COUNT; ti++)
         for (int v = 0; v < 3; v++) { /* 0 equal lens, 1 unequal, 2 paged */
-            const mha_dtype dt = all_types[ti];
+            const mha_dtype dt = test_types[ti];
             test_cache tc, tf;
             assert_true(test_cache_init_as(&tc, CACHE_BSHD, dt, MHA_F32, v == 2 ? 8 : 0, B, G, DH, 0,
                                            CAP, &r));
@@ -456,17 +450,17 @@ static void nonfinite_every_type(void **state)
     (void)state;
     rng r = {207};
     const shape s = {1, 4, 1, 32, 32, 600, 4, {600}};
-    for (int ti = 0; ti < N_TYPES; ti++)
+    for (int ti = 0; ti < TEST_TYPE_COUNT; ti++)
         for (int c = 0; c < 3; c++) {
             test_cache tc;
-            assert_true(test_cache_init_as(&tc, CACHE_BHSD, all_types[ti], MHA_F32, c == 2 ? 8 : 0, 1, 1,
+            assert_true(test_cache_init_as(&tc, CACHE_BHSD, test_types[ti], MHA_F32, c == 2 ? 8 : 0, 1, 1,
                                            32, 0, s.capacity, &r));
             test_cache_fill(&tc, &r, s.lens);
             float bad[32];
             for (int e = 0; e < 32; e++)
                 bad[e] = rng_uniform(&r, -1, 1);
             bad[3] = c == 1 ? INFINITY : NAN;
-            typed_store(all_types[ti], c == 1 ? cache_v_row(&tc.c, 0, 0, 598) : cache_k_row(&tc.c, 0, 0, 300),
+            typed_store(test_types[ti], c == 1 ? cache_v_row(&tc.c, 0, 0, 598) : cache_k_row(&tc.c, 0, 0, 300),
                         bad, 32);
             float *q = rand_floats(&r, 4 * 4 * 32, -1, 1), out[4 * 4 * 32];
             double ref[4 * 4 * 32];
@@ -476,7 +470,7 @@ static void nonfinite_every_type(void **state)
             ref_attention_cached(&tc.c, s.lens, q, 4, 4, 0.3, &m, ref, MHA_LAYOUT_BHSD, NULL);
             for (int i = 0; i < 4 * 4 * 32; i++)
                 if (cls(out[i]) != cls(ref[i]))
-                    fail_msg("%s case %d: element %d is %g, the rule gives %g", mha_dtype_name(all_types[ti]),
+                    fail_msg("%s case %d: element %d is %g, the rule gives %g", mha_dtype_name(test_types[ti]),
                              c, i, (double)out[i], ref[i]);
             free(q);
             test_cache_free(&tc);
@@ -555,7 +549,7 @@ static void type_errors(void **state)
     for (int i = 0; i < 64; i++)
         assert_true(o[i] == 3.0f);
     assert_string_equal(mha_dtype_name(MHA_Q8_0), "q8_0");
-    assert_string_equal(mha_dtype_name((mha_dtype)N_TYPES), "unknown");
+    assert_string_equal(mha_dtype_name((mha_dtype)TEST_TYPE_COUNT), "unknown");
     /* mha_layer_step needs f32 io. */
     test_layer t;
     test_layer_init(&t, &r, 2, 1, 32, 64, 0, 0, 0, 1);

@@ -22,12 +22,6 @@
 static mha_isa isa;
 static int quick;
 
-static const mha_dtype io_types[] = {
-#define IO_ENTRY_(name, value, bytes, values, io) value,
-    TEST_DTYPES(IO_ENTRY_)
-#undef IO_ENTRY_
-};
-enum { N_TYPES = sizeof io_types / sizeof *io_types };
 
 static void use(mha_isa i)
 {
@@ -173,6 +167,26 @@ static double typed_vs(mha_dtype t, const void *got, const double *want, int64_t
 
 /* ---- mha_attention_strided ---- */
 
+/* Fails unless scalar's out and lse (sgot, slse) are within TOL_REF of float64's
+   (ref, ref_lse) and the ISA's (got, lse) within TOL_ISA of scalar's. */
+static void check_accuracy(const char *what, mha_dtype t, const char *got, const float *lse,
+                           const char *sgot, const float *slse, const double *ref,
+                           const double *ref_lse, int64_t no, int64_t nl)
+{
+    double *sd = typed_decode(t, sgot, no), *sl = typed_decode(MHA_F32, slse, nl);
+    const double r_out = typed_ratio(t, sd, ref, no, TOL_REF);
+    const double r_lse = typed_ratio(MHA_F32, sl, ref_lse, nl, TOL_REF);
+    const double i_out = typed_vs(t, got, sd, no, TOL_ISA);
+    const double i_lse = typed_vs(MHA_F32, lse, sl, nl, TOL_ISA);
+    free(sd);
+    free(sl);
+    if (r_out > 1.0 || r_lse > 1.0)
+        fail_msg("%s: scalar vs float64: out %.3g, lse %.3g x tolerance", what, r_out, r_lse);
+    if (i_out > 1.0 || i_lse > 1.0)
+        fail_msg("%s: %s vs scalar: out %.3g, lse %.3g x tolerance", what, mha_isa_name(isa),
+                 i_out, i_lse);
+}
+
 static const mha_attn_dims plain_shapes[] = {
     {2, 4, 2, 37, 150, 64, 0, MHA_F32},  {3, 3, 3, 6, 73, 20, 0, MHA_F32},
     {2, 4, 1, 17, 145, 64, 96, MHA_F32}, {1, 8, 2, 1, 600, 128, 0, MHA_F32},
@@ -242,21 +256,12 @@ static void check_plain(rng *r, const mha_attn_dims *d0, mha_dtype t, view_kind 
     ref_attention_strided(&d, q.mem, qk == V_DENSE ? NULL : &q.st, k.mem,
                           kk == V_DENSE ? NULL : &k.st, v.mem, kk == V_DENSE ? NULL : &v.st, scale,
                           m, ref, ref_lse);
-    double *sd = typed_decode(t, sgot, no), *sl = typed_decode(MHA_F32, slse, nl);
-    const double r_out = typed_ratio(t, sd, ref, no, TOL_REF);
-    const double r_lse = typed_ratio(MHA_F32, sl, ref_lse, nl, TOL_REF);
-    const double i_out = typed_vs(t, got, sd, no, TOL_ISA);
-    const double i_lse = typed_vs(MHA_F32, lse, sl, nl, TOL_ISA);
-    if (r_out > 1.0 || r_lse > 1.0)
-        fail_msg("%s: scalar vs float64: out %.3g, lse %.3g x tolerance", what, r_out, r_lse);
-    if (i_out > 1.0 || i_lse > 1.0)
-        fail_msg("%s: %s vs scalar: out %.3g, lse %.3g x tolerance", what, mha_isa_name(isa),
-                 i_out, i_lse);
+    check_accuracy(what, t, got, lse, sgot, slse, ref, ref_lse, no, nl);
     view *views[] = {&q, &k, &v, &o, &want, &so, &f};
     for (size_t i = 0; i < sizeof views / sizeof *views; i++)
         view_free(views[i]);
     void *bufs[] = {src[0], src[1], src[2], dq, dkv, dvv, lse, dense_lse, dense_out, got, slse,
-                    sgot, ref, ref_lse, sd, sl};
+                    sgot, ref, ref_lse};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
 }
@@ -268,8 +273,8 @@ static void strided_attention(void **state)
     (void)state;
     rng r = {401};
     int turn = 0;
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        if (!mha_dtype_valid(io_types[ti], 1))
+    for (int ti = 0; ti < TEST_TYPE_COUNT; ti++) {
+        if (!mha_dtype_valid(test_types[ti], 1))
             continue;
         for (size_t si = 0; si < sizeof plain_shapes / sizeof *plain_shapes; si++) {
             const mha_attn_dims *d = &plain_shapes[si];
@@ -280,7 +285,7 @@ static void strided_attention(void **state)
             const view_kind okinds[] = {V_BSHD, V_PADDED, V_DENSE};
             for (int c = 0; c < 4; c++, turn++) {
                 const view_kind qk = qkinds[c];
-                check_plain(&r, d, io_types[ti], qk, qk == V_FUSED ? V_FUSED : kvkinds[(c + si) % 4],
+                check_plain(&r, d, test_types[ti], qk, qk == V_FUSED ? V_FUSED : kvkinds[(c + si) % 4],
                             okinds[turn % 3], turn % M_COUNT);
             }
         }
@@ -349,20 +354,11 @@ static void check_cached(rng *r, const shape *s, cache_kind kind, mha_dtype io, 
     char *sgot = view_get(&so);
     double *ref = xcalloc(sizeof(double) * (size_t)no), *ref_lse = xcalloc(sizeof(double) * (size_t)nl);
     ref_attention_cached_strided(&tc.c, s->lens, q.mem, qst, H, Sq, scale, m, ref, NULL, ref_lse);
-    double *sd = typed_decode(io, sgot, no), *sl = typed_decode(MHA_F32, slse, nl);
-    const double r_out = typed_ratio(io, sd, ref, no, TOL_REF);
-    const double r_lse = typed_ratio(MHA_F32, sl, ref_lse, nl, TOL_REF);
-    const double i_out = typed_vs(io, got, sd, no, TOL_ISA);
-    const double i_lse = typed_vs(MHA_F32, lse, sl, nl, TOL_ISA);
-    if (r_out > 1.0 || r_lse > 1.0)
-        fail_msg("%s: scalar vs float64: out %.3g, lse %.3g x tolerance", what, r_out, r_lse);
-    if (i_out > 1.0 || i_lse > 1.0)
-        fail_msg("%s: %s vs scalar: out %.3g, lse %.3g x tolerance", what, mha_isa_name(isa),
-                 i_out, i_lse);
+    check_accuracy(what, io, got, lse, sgot, slse, ref, ref_lse, no, nl);
     view *views[] = {&q, &o, &want, &so};
     for (size_t i = 0; i < sizeof views / sizeof *views; i++)
         view_free(views[i]);
-    void *bufs[] = {src, dq, dense_out, lse, dense_lse, got, slse, sgot, ref, ref_lse, sd, sl};
+    void *bufs[] = {src, dq, dense_out, lse, dense_lse, got, slse, sgot, ref, ref_lse};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     test_cache_free(&tc);
@@ -375,15 +371,15 @@ static void strided_cached(void **state)
     int turn = 0;
     const view_kind qkinds[] = {V_BSHD, V_PADDED, V_BROADCAST, V_DENSE};
     const view_kind okinds[] = {V_PADDED, V_BSHD, V_DENSE};
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        if (!mha_dtype_valid(io_types[ti], 1))
+    for (int ti = 0; ti < TEST_TYPE_COUNT; ti++) {
+        if (!mha_dtype_valid(test_types[ti], 1))
             continue;
         for (size_t si = 0; si < sizeof cached_shapes / sizeof *cached_shapes; si++) {
             const shape *s = &cached_shapes[si];
             if (quick && s->capacity > 1000)
                 continue;
             for (int kind = 0; kind < CACHE_KINDS; kind++, turn++)
-                check_cached(&r, s, (cache_kind)kind, io_types[ti], qkinds[turn % 4],
+                check_cached(&r, s, (cache_kind)kind, test_types[ti], qkinds[turn % 4],
                              okinds[turn % 3], turn % M_COUNT);
         }
     }
