@@ -170,10 +170,20 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
  * flight while it computes (a burst would stall on the fill buffers). */
 static void prefetch_rows(const mha_rows *rows, int32_t bytes, int32_t j0, int32_t j1)
 {
+    if (j1 <= j0)
+        return;
+    /* a block table is walked block by block: one division per call, not per key */
+    const int32_t bs = rows->table ? rows->block_size : INT32_MAX;
+    const int32_t row = rows->table ? rows->first + j0 : j0;
+    int32_t b = row / bs, i = row % bs;
+    const char *x = rows->table ? rows->base + (int64_t)rows->table[b] * rows->block_stride
+                                : rows->base;
     for (int32_t j = j0; j < j1; j++) {
-        const char *x = mha_row(rows, j);
-        for (int32_t b = 0; b < bytes; b += 64)
-            prefetch_l2(x + b);
+        const char *r = x + (int64_t)i * rows->stride;
+        for (int32_t c = 0; c < bytes; c += 64)
+            prefetch_l2(r + c);
+        if (++i == bs && j + 1 < j1)
+            i = 0, x = rows->base + (int64_t)rows->table[++b] * rows->block_stride;
     }
 }
 
