@@ -392,6 +392,15 @@ void *xcalloc(size_t n)
     return p;
 }
 
+void *typed_rand(rng *r, mha_dtype t, int64_t n)
+{
+    float *x = rand_floats(r, n, -1, 1);
+    void *y = xcalloc((size_t)mha_row_bytes(t, n));
+    typed_store(t, y, x, (int32_t)n);
+    free(x);
+    return y;
+}
+
 double *typed_decode(mha_dtype t, const void *x, int64_t n)
 {
     double *d = xcalloc(sizeof(double) * (size_t)n);

@@ -124,6 +124,8 @@ void typed_store(mha_dtype t, void *dst, const float *x, int32_t d);
 double typed_ratio(mha_dtype t, const double *a, const double *r, int64_t n, double tol);
 /* n values of type t decoded to doubles (malloc'd). */
 double *typed_decode(mha_dtype t, const void *x, int64_t n);
+/* n random U(-1, 1) values stored in type t (malloc'd). */
+void *typed_rand(rng *r, mha_dtype t, int64_t n);
 /* n zero bytes (at least 1), never NULL. */
 void *xcalloc(size_t n);
 #endif

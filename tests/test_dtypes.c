@@ -38,16 +38,6 @@ static void use(mha_isa i)
     assert_int_equal(mha_isa_force(i), MHA_OK);
 }
 
-/* Random U(-1, 1) values stored as n values of type t (a fresh buffer). */
-static void *typed_rand(rng *r, mha_dtype t, int64_t n)
-{
-    float *x = rand_floats(r, n, -1, 1);
-    void *y = xcalloc((size_t)mha_row_bytes(t, n));
-    typed_store(t, y, x, (int32_t)n);
-    free(x);
-    return y;
-}
-
 typedef struct shape {
     int32_t batch, heads, kv_heads, dk, dv, capacity, seq_q;
     int32_t lens[3];

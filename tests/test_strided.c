@@ -120,15 +120,6 @@ static char *view_get(const view *x)
     return dst;
 }
 
-static void *typed_rand(rng *r, mha_dtype t, int64_t n)
-{
-    float *x = rand_floats(r, n, -1, 1);
-    void *y = xcalloc((size_t)mha_row_bytes(t, n));
-    typed_store(t, y, x, (int32_t)n);
-    free(x);
-    return y;
-}
-
 /* Masks the sweeps rotate through: none; causal rows at q_offsets with left padding
    (key_starts); window, softcap, ALiBi and sinks with key lengths (plain calls). */
 enum { M_NONE, M_POS, M_MODS, M_COUNT };
