@@ -32,7 +32,6 @@
 static mha_isa isa;
 static int quick;
 
-
 static void use(mha_isa i)
 {
     assert_int_equal(mha_isa_force(i), MHA_OK);
