@@ -391,27 +391,31 @@ SIMD_UNROLL(4)
         vf_storeu(s + i * VF_LANES, vf_reduce_lanes(acc + i * VF_LANES));
 }
 
-/* dot_tile for R rows of K rows of type T, out of line: one instance of each of
- * the twelve, called per key step (sanitizer builds would otherwise compile many
+/* The out-of-line instances of a kernel over (R rows, K or V rows of type T): case
+ * R * MHA_DTYPE_COUNT + T runs RT_CALL_(R, T), for R in 4, 2, 1 and every type of
+ * the list; the caller defines RT_CALL_ around RT_SWITCH_. */
+#define RT_CASE_(r, t)                \
+    case r * MHA_DTYPE_COUNT + t:     \
+        RT_CALL_(r, t);               \
+        break;
+#define RT_CASE_4_(name, t, bytes, values, io) RT_CASE_(4, t)
+#define RT_CASE_2_(name, t, bytes, values, io) RT_CASE_(2, t)
+#define RT_CASE_1_(name, t, bytes, values, io) RT_CASE_(1, t)
+#define RT_SWITCH_(R, T)                                                                  \
+    switch ((R) * MHA_DTYPE_COUNT + (int)(T)) {                                           \
+        MHA_DTYPE_LIST(RT_CASE_4_) MHA_DTYPE_LIST(RT_CASE_2_) MHA_DTYPE_LIST(RT_CASE_1_) \
+    default: break;                                                                       \
+    }
+
+/* dot_tile for R rows of K rows of type T, out of line: one instance of each
+ * (R, T), called per key step (sanitizer builds would otherwise compile many
  * inlined copies). */
 __attribute__((noinline)) static void dot_tiles(const float *q, int32_t dk, const char *const *k,
                                                 float *s, int R, mha_dtype T)
 {
-#define DOT_TILE_CASE_(r, t)                \
-    case r * MHA_DTYPE_COUNT + t:           \
-        dot_tile(q, dk, k, s, r, t);        \
-        break;
-#define DOT_TILE_TYPES_(r)                                                              \
-    DOT_TILE_CASE_(r, MHA_F32) DOT_TILE_CASE_(r, MHA_F16) DOT_TILE_CASE_(r, MHA_BF16) \
-    DOT_TILE_CASE_(r, MHA_Q8_0)
-    switch (R * MHA_DTYPE_COUNT + (int)T) {
-        DOT_TILE_TYPES_(4)
-        DOT_TILE_TYPES_(2)
-        DOT_TILE_TYPES_(1)
-    default: break;
-    }
-#undef DOT_TILE_TYPES_
-#undef DOT_TILE_CASE_
+#define RT_CALL_(r, t) dot_tile(q, dk, k, s, r, t)
+    RT_SWITCH_(R, T)
+#undef RT_CALL_
 }
 
 /* The row groups of a dot pass: 4 rows while 4 remain, then 2, then 1. */
@@ -746,34 +750,29 @@ SIMD_UNROLL(32)
  * would fall in a few L1 sets and be evicted between sweeps); the first key block
  * applies alpha. One instance per (R, T), out of line as dot_tiles. */
 enum { DOT_PV_KEYS = 32 };
+static inline __attribute__((always_inline)) void pv_rows_as(
+    int32_t jn, const float *p, int32_t pp, const char *const *vr, float *const *o,
+    const float *alpha, int32_t dv, const int R, const int T)
+{
+    for (int32_t j0 = 0; j0 < jn; j0 += DOT_PV_KEYS) {
+        const int32_t kn = jn - j0 < DOT_PV_KEYS ? jn - j0 : DOT_PV_KEYS;
+        const float *pj = p + (int64_t)j0 * pp, *aj = j0 ? NULL : alpha;
+        int32_t d = 0;
+        for (; d + DOT_COLS(R) * VF_LANES <= dv; d += DOT_COLS(R) * VF_LANES)
+            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, R, T, DOT_COLS(R), 0);
+        for (; d < dv; d += VF_LANES)
+            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, dv - d < VF_LANES ? dv - d : VF_LANES, R, T,
+                     1, 1);
+    }
+}
+
 __attribute__((noinline)) static void pv_rows(int32_t jn, const float *p, int32_t pp,
                                               const char *const *vr, float *const *o,
                                               const float *alpha, int32_t dv, int R, mha_dtype T)
 {
-#define PV_ROWS_CASE_(r, t)                                                                \
-    case r * MHA_DTYPE_COUNT + t:                                                          \
-        for (int32_t j0 = 0; j0 < jn; j0 += DOT_PV_KEYS) {                                 \
-            const int32_t kn = jn - j0 < DOT_PV_KEYS ? jn - j0 : DOT_PV_KEYS;              \
-            const float *pj = p + (int64_t)j0 * pp, *aj = j0 ? NULL : alpha;               \
-            int32_t d = 0;                                                                 \
-            for (; d + DOT_COLS(r) * VF_LANES <= dv; d += DOT_COLS(r) * VF_LANES)          \
-                pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, r, t, DOT_COLS(r), 0);   \
-            for (; d < dv; d += VF_LANES)                                                  \
-                pv_sweep(kn, pj, pp, vr + j0, d, o, aj, dv - d < VF_LANES ? dv - d : VF_LANES, \
-                         r, t, 1, 1);                                                      \
-        }                                                                                  \
-        break;
-#define PV_ROWS_TYPES_(r)                                                            \
-    PV_ROWS_CASE_(r, MHA_F32) PV_ROWS_CASE_(r, MHA_F16) PV_ROWS_CASE_(r, MHA_BF16) \
-    PV_ROWS_CASE_(r, MHA_Q8_0)
-    switch (R * MHA_DTYPE_COUNT + (int)T) {
-        PV_ROWS_TYPES_(4)
-        PV_ROWS_TYPES_(2)
-        PV_ROWS_TYPES_(1)
-    default: break;
-    }
-#undef PV_ROWS_TYPES_
-#undef PV_ROWS_CASE_
+#define RT_CALL_(r, t) pv_rows_as(jn, p, pp, vr, o, alpha, dv, r, t)
+    RT_SWITCH_(R, T)
+#undef RT_CALL_
 }
 
 /* The P.V of a dot pass's rows [rg, rg + valid), keys [js, jv) of the tile, in the
