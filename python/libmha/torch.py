@@ -135,10 +135,11 @@ def mask_fields(vis):
 
 
 class _MaskCache:
-    """The fields last found for a mask tensor: a model hands every layer the same
-    mask, so its check runs once per forward, not once per layer. The entry holds a
+    """The fields (or bias) last found for a mask tensor: a model hands every layer the
+    same mask, so its check runs once per forward, not once per layer. The entry holds a
     weak reference to the tensor itself (an address could be reused by a new mask)
-    and its version counter (bumped by every in-place change)."""
+    and its version counter (bumped by every in-place change); a bias that views the
+    mask keeps it alive until the next mask replaces the entry."""
 
     def __init__(self):
         self.entry = None
@@ -158,26 +159,26 @@ _mask_cache = _MaskCache()
 
 
 def _mask_from(attn_mask, B, H, L, S):
-    """(fields, bias): the mask fields attn_mask maps to, or a float32 bias of it (a
-    numpy view, copied only when its type needs) for bias_view to broadcast."""
+    """(fields, None) with the mask fields attn_mask maps to, or (None, bias): a float32
+    bias of it (a numpy view, copied only when its type needs) for bias_view to
+    broadcast."""
     a = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
 
     def compute():  # on the mask as given, before broadcasting: its own size
         vis = a
-        if a.dtype != torch.bool:
-            vis = a == 0
-            if not bool((vis | (a == -math.inf)).all()):
-                return None
-        if a.shape[1] > 1 and not bool((vis == vis[:, :1]).all()):
-            return None  # differs per head
-        return mask_fields(np.asarray(vis[:, 0].expand(B, L, S)))
+        fields = None
+        if a.dtype == torch.bool or bool(((a == 0) | (a == -math.inf)).all()):
+            vis = a if a.dtype == torch.bool else a == 0
+            if a.shape[1] == 1 or bool((vis == vis[:, :1]).all()):  # the same for every head
+                fields = mask_fields(np.asarray(vis[:, 0].expand(B, L, S)))
+        if fields is not None:
+            return fields, None
+        if a.dtype == torch.bool:
+            return None, torch.zeros(a.shape).masked_fill_(~a, -math.inf).numpy()
+        return None, a.to(torch.float32).numpy()
 
-    fields = _mask_cache.get(attn_mask, (B, H, L, S), compute)
-    if fields is not None:
-        return fields, None
-    if a.dtype == torch.bool:
-        return None, torch.zeros(a.shape).masked_fill_(~a, -math.inf).numpy()
-    return None, a.to(torch.float32).numpy()
+    # every layer of a model hands over the same mask: its fields or bias are found once
+    return _mask_cache.get(attn_mask, (B, H, L, S), compute)
 
 
 _NO_MASK = Mask()  # every field off: the C library only reads it
