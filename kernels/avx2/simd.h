@@ -71,6 +71,14 @@ static inline vf vf_load_bf16(const uint16_t *p)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+/* 2 x 8 bfloat16 values p[0..16) as the floats of the even ones and of the odd ones:
+   one load, one shift, one and (no widening shuffles). */
+static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
+{
+    const __m256i u = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
 static inline vf vf_load_q8(const int8_t *p, vf d)
 {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))), d);
@@ -110,20 +118,20 @@ static inline void vf_transpose(vf a[8])
 }
 
 /* r lane i = the sum of a[i]'s 8 lanes, every lane summed in the same order
- * (l + 4, l + 2, l + 1): halves of the data at each step, 14 shuffles where a
- * transpose takes 24. The steps leave lanes in the order 0 2 1 3 4 6 5 7 (an
- * involution), so inputs are taken in that order. */
+ * ((l0 + l2) + (l1 + l3)) + ((l4 + l6) + (l5 + l7)): in-lane unpacks and shuffles
+ * first (12, cheap on every AVX2 core), the two 128-bit halves last (2 lane-crossing
+ * permutes, slow on Zen 1 and 2, where a transpose-and-add would take 8). */
 static inline vf vf_reduce_lanes(const vf a[8])
 {
-    static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-    __m256 b[4], c[2];
+    __m256 s[4], q[2];
     for (int i = 0; i < 4; i++)
-        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[order[i]], a[order[i + 4]], 0x20),
-                             _mm256_permute2f128_ps(a[order[i]], a[order[i + 4]], 0x31));
+        s[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     for (int i = 0; i < 2; i++)
-        c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[i], b[i + 2], 0x44),
-                             _mm256_shuffle_ps(b[i], b[i + 2], 0xee));
-    return _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xdd));
+        q[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44),
+                             _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], 0xee));
+    return _mm256_add_ps(_mm256_permute2f128_ps(q[0], q[1], 0x20),
+                         _mm256_permute2f128_ps(q[0], q[1], 0x31));
 }
 
 #endif

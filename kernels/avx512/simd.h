@@ -68,6 +68,13 @@ static inline vf vf_load_bf16(const uint16_t *p)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+/* 2 x 16 bfloat16 values p[0..32) as the floats of the even ones and of the odd ones. */
+static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
+{
+    const __m512i u = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
 static inline vf vf_load_q8(const int8_t *p, vf d)
 {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), d);

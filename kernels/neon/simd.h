@@ -76,6 +76,13 @@ static inline vf vf_copysign(vf mag, vf sgn) { return vbslq_f32(vdupq_n_u32(0x80
    integer operations). */
 static inline vf vf_load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 static inline vf vf_load_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+/* 2 x 4 bfloat16 values p[0..8) as the floats of the even ones and of the odd ones. */
+static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
+{
+    const uint32x4_t u = vreinterpretq_u32_u16(vld1q_u16(p));
+    *even = vreinterpretq_f32_u32(vshlq_n_u32(u, 16));
+    *odd = vreinterpretq_f32_u32(vandq_u32(u, vdupq_n_u32(0xffff0000u)));
+}
 static inline vf vf_load_q8(const int8_t *p, vf d)
 {
     int32_t w;

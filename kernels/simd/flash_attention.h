@@ -78,6 +78,7 @@ enum {
     KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
     DOT_ROWS = QK_ROWS / 2,   /* passes of at most this many rows score by dot products */
     STAGE_D = 128,            /* values per row of a staged (converted) K or V tile */
+    PAIR = 2 * VF_LANES,      /* values of a bf16 pair load (vf_load_bf16_pair) */
 };
 _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
                    && QK_ROWS % VF_LANES == 0 && RB % VF_LANES == 0,
@@ -102,16 +103,20 @@ _Static_assert(PV_ROWS >= 4, "P.V row groups of the pass's spans");
 /* The state of one pass over up to RB query rows: the block's scratch. */
 typedef struct pass {
     const mha_attn_block *blk;
-    int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st),
-                        or of VF_LANES for dot products */
+    int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st);
+                        for dot products to a power of two below VF_LANES, else a multiple of it */
+    int32_t kpv;     /* keys per vector of st: VF_LANES / rp when rp < VF_LANES, else 1 */
     int32_t dc;      /* dk chunk of the packed Q^T: QT_FLOATS / rp, a multiple of 32 */
     int dot;         /* scores by dot products along dk; qt holds scale * q row by row */
+    int paired;      /* a dot pass over bf16 K and V, which it loads PAIR values at a time
+                        (vf_load_bf16_pair): each whole PAIR chunk of a row of qt and of O
+                        holds its even values, then its odd ones (see paired_order) */
     int bias_shared; /* every row reads the same bias row */
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
     int32_t kb_max;  /* the largest kv_begin of the pass's rows */
     int32_t jmax;    /* the end of the keys the pass reads */
     span all, qk[RB / QK_ROWS], pv[RB / 4]; /* keys seen by the pass, its score and P.V groups */
-    int stream;      /* K and V exceed L2: prefetch them (prefetch_tile) */
+    int stream;      /* K and V exceed L2: prefetch them (prefetch_row) */
     int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
                         else they are staged (converted, gathered) into kst and vst */
     int64_t ldv;     /* V's row pitch in floats, when direct */
@@ -119,12 +124,19 @@ typedef struct pass {
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];
+    /* Per row, lane for lane with st: when rp < VF_LANES, lane i holds row i % rp. */
     _Alignas(64) int32_t kb[RB], ke[RB]; /* kv_begin, kv_end; 0 for padding rows */
+    _Alignas(64) int32_t kbl[RB], kel[RB]; /* the same less lane_key: a lane's key j sees
+                                              kbl <= j - j0' < kel, j0' the vector's first */
     _Alignas(64) float slope[RB], pos[RB]; /* ALiBi: slope and position, as floats */
     _Alignas(64) float m[RB], l[RB], alpha[RB];
+    _Alignas(64) int32_t lane_key[VF_LANES]; /* key of lane i within a vector of st: i / rp */
+    _Alignas(64) float lane_keyf[VF_LANES];
     _Alignas(64) float qt[QT_FLOATS];
     _Alignas(64) float st[BC * RB];
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
+    const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
+    int32_t nn;                    /* nn of them (0 when not streaming) */
     _Alignas(64) float kst[BC * STAGE_D], vst[BC * STAGE_D]; /* staged K and V columns */
     float ptail[BC * PV_ROWS]; /* P of a last group of fewer than PV_ROWS rows, padded */
 } pass;
@@ -163,54 +175,36 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
     return 0;
 }
 
-/* Asks for K and V of keys [j0, j1) in L2, so that the next tile does not wait
- * on memory when K and V are larger than the caches. A pass of many rows asks
- * for a whole tile at its start; a dot pass, whose compute per key is small,
- * asks for the key one tile ahead at each step, so that its requests stay in
- * flight while it computes (a burst would stall on the fill buffers). */
-static void prefetch_rows(const mha_rows *rows, int32_t bytes, int32_t j0, int32_t j1)
-{
-    if (j1 <= j0)
-        return;
-    /* a block table is walked block by block: one division per call, not per key */
-    const int32_t bs = rows->table ? rows->block_size : INT32_MAX;
-    const int32_t row = rows->table ? rows->first + j0 : j0;
-    int32_t b = row / bs, i = row % bs;
-    const char *x = rows->table ? rows->base + (int64_t)rows->table[b] * rows->block_stride
-                                : rows->base;
-    for (int32_t j = j0; j < j1; j++) {
-        const char *r = x + (int64_t)i * rows->stride;
-        for (int32_t c = 0; c < bytes; c += 64)
-            prefetch_l2(r + c);
-        if (++i == bs && j + 1 < j1)
-            i = 0, x = rows->base + (int64_t)rows->table[++b] * rows->block_stride;
-    }
-}
-
-static void prefetch_tile(const pass *ps, int32_t j0, int32_t j1)
-{
-    prefetch_rows(&ps->blk->k, ps->kbytes, j0, j1);
-    prefetch_rows(&ps->blk->v, ps->vbytes, j0, j1);
-}
-
 /* kr[j], vr[j]: the K and V rows of keys j0 + j, j < jn; with a block table the
  * walk steps through the blocks without dividing per key. */
-static void tile_rows(pass *ps, int32_t j0, int32_t jn)
+static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const char **kr,
+                      const char **vr)
 {
-    const mha_attn_block *blk = ps->blk;
     if (!blk->k.table) {
         for (int32_t j = 0; j < jn; j++)
-            ps->kr[j] = mha_row(&blk->k, j0 + j), ps->vr[j] = mha_row(&blk->v, j0 + j);
+            kr[j] = mha_row(&blk->k, j0 + j), vr[j] = mha_row(&blk->v, j0 + j);
         return;
     }
     const int32_t bs = blk->k.block_size;
     int32_t row = blk->k.first + j0, b = row / bs, i = row % bs;
     for (int32_t j = 0; j < jn; j++) {
-        ps->kr[j] = blk->k.base + (int64_t)blk->k.table[b] * blk->k.block_stride + (int64_t)i * blk->k.stride;
-        ps->vr[j] = blk->v.base + (int64_t)blk->v.table[b] * blk->v.block_stride + (int64_t)i * blk->v.stride;
+        kr[j] = blk->k.base + (int64_t)blk->k.table[b] * blk->k.block_stride + (int64_t)i * blk->k.stride;
+        vr[j] = blk->v.base + (int64_t)blk->v.table[b] * blk->v.block_stride + (int64_t)i * blk->v.stride;
         if (++i == bs)
             i = 0, b++;
     }
+}
+
+/* The cache lines of a row of `bytes` bytes into L2. While K and V stream from
+ * beyond L2, the rows of the next tile are asked for (nkr, nvr): a pass of many
+ * rows asks for them at the tile's start; a dot pass, whose compute per key is
+ * small, asks for a key's rows at each of its steps, so that its requests stay in
+ * flight while it computes (a burst would stall on the fill buffers, and asking for
+ * V during P.V instead was slower on Zen 1). */
+static inline void prefetch_row(const char *row, int32_t bytes)
+{
+    for (const char *c = row - (uintptr_t)row % 64; c < row + bytes; c += 64)
+        prefetch_l2(c);
 }
 
 /* A row's values from d (a multiple of 32 for q8_0), as a typed pointer. */
@@ -298,7 +292,22 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
     }
 }
 
-/* qt[r][d] = scale * q[r][d] row by row for the dot products. */
+/* The whole PAIR chunks of x[0..n) from natural order to the even values then the
+ * odd ones (to_pairs), or back: the order of bf16 pair loads. */
+static void paired_order(float *x, int32_t n, int to_pairs)
+{
+    float t[PAIR];
+    for (int32_t c = 0; c + PAIR <= n; c += PAIR) {
+        for (int32_t i = 0; i < PAIR; i++)
+            if (to_pairs)
+                t[i % 2 * VF_LANES + i / 2] = x[c + i];
+            else
+                t[i] = x[c + i % 2 * VF_LANES + i / 2];
+        memcpy(x + c, t, sizeof t);
+    }
+}
+
+/* qt[r][d] = scale * q[r][d] row by row for the dot products (in pairs order when paired). */
 static void pack_q_rows(pass *ps)
 {
     const int32_t dk = ps->blk->dk;
@@ -310,6 +319,8 @@ static void pack_q_rows(pass *ps)
             vf_storeu(dst + d, vf_mul(scale, vf_loadu(ps->q[r] + d)));
         if (d < dk)
             vf_storeu_n(dst + d, dk - d, vf_mul(scale, vf_loadu_n(ps->q[r] + d, dk - d)));
+        if (ps->paired)
+            paired_order(dst, dk, 1);
     }
 }
 
@@ -349,7 +360,28 @@ SIMD_UNROLL(16)
     for (int i = 0; i < DOT_SCORES; i++)
         acc[i] = vf_zero();
     const int32_t tail = dk % VF_LANES; /* 0 for q8_0 (dk % 32 == 0) */
-    for (int32_t d0 = 0; d0 < dk - tail; d0 += CH) {
+    /* bf16: whole PAIR chunks as even and odd values, q in the same order (pack_q_rows) */
+    const int32_t paired = T == MHA_BF16 ? dk - dk % PAIR : 0;
+    for (int32_t d0 = 0; d0 < paired; d0 += PAIR)
+SIMD_UNROLL(2)
+        for (int h = 0; h < 2; h++) {
+            vf qv[4];
+SIMD_UNROLL(4)
+            for (int rr = 0; rr < R; rr++) {
+                qv[rr] = vf_loadu(q + rr * dk + d0 + h * VF_LANES);
+                vf_keep(&qv[rr]);
+            }
+SIMD_UNROLL(16)
+            for (int kk = 0; kk < KS; kk++) {
+                vf even, odd;
+                vf_load_bf16_pair((const uint16_t *)k[kk] + d0, &even, &odd);
+                const vf kv = h ? odd : even;
+SIMD_UNROLL(4)
+                for (int rr = 0; rr < R; rr++)
+                    acc[kk * R + rr] = vf_fmadd(qv[rr], kv, acc[kk * R + rr]);
+            }
+        }
+    for (int32_t d0 = paired; d0 < dk - tail; d0 += CH) {
         vf sc[DOT_SCORES];
 SIMD_UNROLL(16)
         for (int kk = 0; kk < KS; kk++)
@@ -425,26 +457,24 @@ static int32_t dot_group(int32_t nr, int32_t r)
 }
 
 /* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
- * the key jt - 1, and are not stored) and R rows from r0. With pf, keys [pf,
- * pf + DOT_SCORES) are asked for ahead, a sub-step's worth at a time: their K rows
+ * the key jt - 1, and are not stored) and R rows from r0. With pf, the same keys of
+ * the next tile are asked for ahead, a sub-step's worth at a time: their K rows
  * before its dot products and their V rows after them, so that the requests stay
  * spread while the FMAs run (a burst would stall on the fill buffers). */
 static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0, int32_t j,
                                                            int32_t jt, const char *const *k,
-                                                           int32_t pf, const int R, const int T)
+                                                           int pf, const int R, const int T)
 {
     const int KS = DOT_SCORES / R;
-    const mha_attn_block *blk = ps->blk;
-    const int32_t dk = blk->dk;
+    const int32_t dk = ps->blk->dk;
     for (int sub = 0; sub < R; sub++) {
-        const int32_t p0 = pf + sub * KS < ps->jmax ? pf + sub * KS : ps->jmax;
-        const int32_t p1 = p0 + KS < ps->jmax ? p0 + KS : ps->jmax;
-        if (pf >= 0)
-            prefetch_rows(&blk->k, ps->kbytes, p0, p1);
+        const int32_t p0 = j + sub * KS, p1 = p0 + KS < ps->nn ? p0 + KS : ps->nn;
+        for (int32_t i = p0; pf && i < p1; i++)
+            prefetch_row(ps->nkr[i], ps->kbytes);
         float s[DOT_SCORES];
         dot_tiles(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, (mha_dtype)T);
-        if (pf >= 0)
-            prefetch_rows(&blk->v, ps->vbytes, p0, p1);
+        for (int32_t i = p0; pf && i < p1; i++)
+            prefetch_row(ps->nvr[i], ps->vbytes);
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
         for (int kk = 0; kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
@@ -468,7 +498,7 @@ static inline __attribute__((always_inline)) void scores_dot_as(pass *ps, int32_
         for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
             k[kk] = ps->kr[j + kk < jt ? j + kk : jt - 1];
         for (int32_t r = 0; r < nr; r += dot_group(nr, r)) {
-            const int32_t pf = ps->stream && r == 0 ? j0 + j + BC : -1;
+            const int pf = r == 0;
             switch (dot_group(nr, r)) {
             case 4: dot_step(ps, r, j, jt, k, pf, 4, T); break;
             case 2: dot_step(ps, r, j, jt, k, pf, 2, T); break;
@@ -511,7 +541,7 @@ static void add_bias(pass *ps, int32_t j0, int32_t jn)
 {
     vm hides = vm_none();
     int hides1 = 0;
-    if (ps->bias_shared) {
+    if (ps->bias_shared && ps->kpv == 1) {
         for (int32_t j = 0; j < jn; j++) {
             const vf b = vf_set1(ps->bias[0][j0 + j]);
             float *s = ps->st + j * ps->rp;
@@ -574,30 +604,65 @@ static int v_finite(const pass *ps, int32_t jn)
     return vm_all(vf_eq(acc, acc));
 }
 
-/* st = softcap * tanh(st / softcap) over the tile's rows. */
+/* st = softcap * tanh(st / softcap) over the tile's rows (and, when rp < VF_LANES,
+ * the lanes of its last vector past the tile, which softmax_tile masks). */
 static void softcap_tile(pass *ps, int32_t jn)
 {
     const vf cap = vf_set1(ps->blk->softcap), inv = vf_set1(1.0f / ps->blk->softcap);
-    for (int32_t j = 0; j < jn; j++)
-        for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
-            float *sp = ps->st + j * ps->rp + g;
-            vf_store(sp, vf_mul(cap, vf_tanh(vf_mul(vf_load(sp), inv))));
-        }
+    for (int32_t i = 0; i < jn * ps->rp; i += VF_LANES) {
+        float *sp = ps->st + i;
+        vf_store(sp, vf_mul(cap, vf_tanh(vf_mul(vf_load(sp), inv))));
+    }
+}
+
+/* Lanes per row group of st and the per-row arrays (at least a vector), vectors of
+ * st per tile of jn keys, and the floats between two of them. */
+static int32_t st_lanes(const pass *ps)
+{
+    return ps->rp < VF_LANES ? VF_LANES : ps->rp;
+}
+
+static int32_t st_vectors(const pass *ps, int32_t jn)
+{
+    return (jn + ps->kpv - 1) / ps->kpv;
+}
+
+static int32_t st_step(const pass *ps)
+{
+    return ps->kpv * ps->rp;
 }
 
 /* st += slope * (j - pos) for key j of the tile: ALiBi from the slopes. */
 static void alibi_tile(pass *ps, int32_t j0, int32_t jn)
 {
-    for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
+    const vf lk = vf_load(ps->lane_keyf);
+    for (int32_t g = 0; g < st_lanes(ps); g += VF_LANES) {
         const vf slope = vf_load(ps->slope + g), pos = vf_load(ps->pos + g);
-        for (int32_t j = 0; j < jn; j++) {
-            float *sp = ps->st + j * ps->rp + g;
-            vf_store(sp, vf_fmadd(slope, vf_sub(vf_set1((float)(j0 + j)), pos), vf_load(sp)));
+        for (int32_t v = 0; v < st_vectors(ps, jn); v++) {
+            float *sp = ps->st + v * st_step(ps) + g;
+            const vf j = vf_add(vf_set1((float)(j0 + v * ps->kpv)), lk);
+            vf_store(sp, vf_fmadd(slope, vf_sub(j, pos), vf_load(sp)));
         }
     }
 }
 
-/* The online softmax for one tile, per row (vector lanes across rows):
+/* x[i] = the max (sum) of the lanes of x that hold the row of lane i (i % rp, rp <
+ * VF_LANES): the keys of a vector of st folded, in lane order. */
+static vf fold_keys(vf x, int32_t rp, int sum)
+{
+    _Alignas(64) float a[VF_LANES];
+    vf_store(a, x);
+    for (int32_t r = 0; r < rp; r++) {
+        for (int32_t i = r + rp; i < VF_LANES; i += rp)
+            a[r] = sum ? a[r] + a[i] : a[i] > a[r] ? a[i] : a[r];
+        for (int32_t i = r + rp; i < VF_LANES; i += rp)
+            a[i] = a[r];
+    }
+    return vf_load(a);
+}
+
+/* The online softmax for one tile, per row (vector lanes across rows, and across
+ * kpv keys when rp < VF_LANES):
  *   s_j = (scale q).k_j + bias_j for visible keys, -inf for the others
  *   m' = max(m, max_j s_j);   P_j = exp(s_j - m');   alpha = exp(m - m')
  *   l' = alpha l + sum_j P_j; (then O' = diag(alpha) O + P V in pv)
@@ -607,51 +672,59 @@ static void alibi_tile(pass *ps, int32_t j0, int32_t jn)
 static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const vf ninf = vf_set1(-INFINITY);
-    for (int32_t g = 0; g < ps->rp; g += VF_LANES) {
+    const int32_t nv = st_vectors(ps, jn), step = st_step(ps);
+    for (int32_t i = jn * ps->rp; i < nv * step; i++) /* keys past the tile */
+        ps->st[i] = -INFINITY;
+    for (int32_t g = 0; g < st_lanes(ps); g += VF_LANES) {
         const vi ke = vi_load(ps->ke + g), kb = vi_load(ps->kb + g);
         vf mt = ninf;
         if (vm_all(vi_gt(ke, j0 + jn - 1)) && vm_empty(vi_gt(kb, j0))) {
             /* Every row sees the whole tile: four independent chains of max. */
             vf m1 = ninf, m2 = ninf, m3 = ninf;
-            int32_t j = 0;
-            for (; j + 4 <= jn; j += 4) {
-                mt = vf_max(mt, vf_load(ps->st + j * ps->rp + g));
-                m1 = vf_max(m1, vf_load(ps->st + (j + 1) * ps->rp + g));
-                m2 = vf_max(m2, vf_load(ps->st + (j + 2) * ps->rp + g));
-                m3 = vf_max(m3, vf_load(ps->st + (j + 3) * ps->rp + g));
+            int32_t v = 0;
+            for (; v + 4 <= nv; v += 4) {
+                mt = vf_max(mt, vf_load(ps->st + v * step + g));
+                m1 = vf_max(m1, vf_load(ps->st + (v + 1) * step + g));
+                m2 = vf_max(m2, vf_load(ps->st + (v + 2) * step + g));
+                m3 = vf_max(m3, vf_load(ps->st + (v + 3) * step + g));
             }
-            for (; j < jn; j++)
-                mt = vf_max(mt, vf_load(ps->st + j * ps->rp + g));
+            for (; v < nv; v++)
+                mt = vf_max(mt, vf_load(ps->st + v * step + g));
             mt = vf_max(vf_max(mt, m1), vf_max(m2, m3));
         } else {
-            for (int32_t j = 0; j < jn; j++) {
-                float *sp = ps->st + j * ps->rp + g;
-                const vf s = vf_select(vm_andnot(vi_gt(ke, j0 + j), vi_gt(kb, j0 + j)), vf_load(sp),
-                                       ninf);
+            const vi kel = vi_load(ps->kel + g), kbl = vi_load(ps->kbl + g);
+            for (int32_t v = 0; v < nv; v++) {
+                float *sp = ps->st + v * step + g;
+                const int32_t j = j0 + v * ps->kpv;
+                const vf s = vf_select(vm_andnot(vi_gt(kel, j), vi_gt(kbl, j)), vf_load(sp), ninf);
                 vf_store(sp, s);
                 mt = vf_max(mt, s);
             }
         }
+        if (ps->kpv > 1)
+            mt = fold_keys(mt, ps->rp, 0);
         const vf m = vf_load(ps->m + g);
         const vf mn = vf_max(m, mt);
         const vf mu = vf_select(vf_eq(mn, ninf), vf_zero(), mn);
         const vf alpha = vf_exp(vf_sub(m, mu));
         vf sum = vf_zero();
         if (careful)
-            for (int32_t j = 0; j < jn; j++) {
-                float *sp = ps->st + j * ps->rp + g;
+            for (int32_t v = 0; v < nv; v++) {
+                float *sp = ps->st + v * step + g;
                 const vf s = vf_load(sp);
                 const vf p = vf_select(vf_eq(s, ninf), vf_set1(-0.0f), vf_exp(vf_sub(s, mu)));
                 vf_store(sp, p);
                 sum = vf_add(sum, p);
             }
         else
-            for (int32_t j = 0; j < jn; j++) {
-                float *sp = ps->st + j * ps->rp + g;
+            for (int32_t v = 0; v < nv; v++) {
+                float *sp = ps->st + v * step + g;
                 const vf p = vf_exp(vf_sub(vf_load(sp), mu));
                 vf_store(sp, p);
                 sum = vf_add(sum, p);
             }
+        if (ps->kpv > 1)
+            sum = fold_keys(sum, ps->rp, 1);
         vf_store(ps->m + g, mn);
         vf_store(ps->l + g, vf_fmadd(alpha, vf_load(ps->l + g), sum));
         vf_store(ps->alpha + g, alpha);
@@ -675,10 +748,11 @@ static void pv_tail(int32_t jn, const float *p, int32_t pp, const float *v, int6
 }
 
 /* The careful P.V of row r: O = alpha O + sum over keys js <= j < jv whose P is
- * not the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels. */
+ * not the -0.0f of a hidden key of P_j V_j, in the order of the tile kernels (and
+ * the pairs order of O when paired). */
 static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
 {
-    const int32_t dh = ps->blk->dv;
+    const int32_t dh = ps->blk->dv, pairs = ps->paired ? dh - dh % PAIR : 0;
     float *o = ps->out[r];
     const vf alpha = vf_set1(ps->alpha[r]);
     for (int32_t d = 0; d < dh; d += VF_LANES) {
@@ -688,7 +762,12 @@ static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
             const float p = ps->st[j * ps->rp + r];
             if (p == 0.0f && signbit(p))
                 continue;
-            acc = vf_fmadd(vf_set1(p), load_any(ps->blk->kv_type, ps->vr[j], d, n), acc);
+            vf v[2];
+            if (d < pairs)
+                vf_load_bf16_pair((const uint16_t *)ps->vr[j] + d - d % PAIR, &v[0], &v[1]);
+            else
+                v[0] = load_any(ps->blk->kv_type, ps->vr[j], d, n);
+            acc = vf_fmadd(vf_set1(p), v[d < pairs ? d % PAIR / VF_LANES : 0], acc);
         }
         vf_storeu_n(o + d, n, acc);
     }
@@ -697,12 +776,14 @@ static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
 /* Column vectors per sweep of the dot passes' P.V for R rows: half the register
  * file in accumulators, at most 8 per row (8 independent chains cover the latency). */
 #define DOT_COLS(R) (VF_REGS / 2 / (R) < 8 ? VF_REGS / 2 / (R) : 8)
+_Static_assert(DOT_COLS(4) % 2 == 0, "sweeps of whole bf16 pairs");
 
 /* o[rr][d ..] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v_j[d ..] for R rows (4,
  * 2 or 1) over NV column vectors from d, v_j the row vr[j] of type T: R x NV
  * accumulators, each V vector loaded once for the R rows; MASKED: one vector of
- * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one q8_0 block or covers whole ones
- * (dv % 32 == 0): each block's scale is loaded once per key. */
+ * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one
+ * q8_0 block or covers whole ones (dv % 32 == 0): each block's scale is loaded once
+ * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. */
 static inline __attribute__((always_inline)) void pv_sweep(
     int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
     const float *alpha, int32_t last, const int R, const int T, const int NV, const int MASKED)
@@ -723,8 +804,13 @@ SIMD_UNROLL(8)
                                         : vf_zero();
 SIMD_UNROLL(8)
             for (int c = c0; c < c0 + VPB; c++)
-                vv[c] = MASKED && T != MHA_Q8_0 ? vf_load_as_n(T, vr[j], d + c * VF_LANES, last)
-                                                : load_kv(T, vr[j], d + c * VF_LANES, sc);
+                if (T == MHA_BF16 && !MASKED && NV % 2 == 0) {
+                    if (c % 2 == 0)
+                        vf_load_bf16_pair((const uint16_t *)vr[j] + d + c * VF_LANES, &vv[c], &vv[c + 1]);
+                } else {
+                    vv[c] = MASKED && T != MHA_Q8_0 ? vf_load_as_n(T, vr[j], d + c * VF_LANES, last)
+                                                    : load_kv(T, vr[j], d + c * VF_LANES, sc);
+                }
         }
 SIMD_UNROLL(4)
         for (int rr = 0; rr < R; rr++) {
@@ -760,6 +846,8 @@ static inline __attribute__((always_inline)) void pv_rows_as(
         int32_t d = 0;
         for (; d + DOT_COLS(R) * VF_LANES <= dv; d += DOT_COLS(R) * VF_LANES)
             pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, R, T, DOT_COLS(R), 0);
+        for (; T == MHA_BF16 && d + PAIR <= dv; d += PAIR) /* the rest of the pairs */
+            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, R, T, 2, 0);
         for (; d < dv; d += VF_LANES)
             pv_sweep(kn, pj, pp, vr + j0, d, o, aj, dv - d < VF_LANES ? dv - d : VF_LANES, R, T,
                      1, 1);
@@ -869,8 +957,18 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->blk = blk;
     ps->nr = nr;
     ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
-    ps->rp = ps->dot ? (nr + VF_LANES - 1) / VF_LANES * VF_LANES
-                     : (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
+    ps->paired = ps->dot && blk->kv_type == MHA_BF16;
+    ps->rp = (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
+    if (ps->dot) {
+        for (ps->rp = 1; ps->rp < nr && ps->rp < VF_LANES; ps->rp *= 2)
+            ;
+        ps->rp = (nr + ps->rp - 1) / ps->rp * ps->rp;
+    }
+    ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
+    for (int32_t i = 0; i < VF_LANES; i++) {
+        ps->lane_key[i] = i / ps->rp;
+        ps->lane_keyf[i] = (float)ps->lane_key[i];
+    }
     ps->bias_shared = blk->bias != NULL;
     /* Row r0 + r is row i of group g: walk (g, i) rather than divide per row. */
     for (int32_t r = 0, g = r0 / blk->group_rows, i = r0 % blk->group_rows; r < nr; r++) {
@@ -902,6 +1000,16 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
        every real row sees takes its fast path, and their results go nowhere. */
     for (int32_t r = nr; r < ps->rp; r++)
         ps->ke[r] = INT32_MAX;
+    for (int32_t r = ps->rp; r < st_lanes(ps); r++) { /* rows again, lane for lane with st */
+        const int32_t c = r % ps->rp;
+        ps->ke[r] = ps->ke[c], ps->kb[r] = ps->kb[c];
+        ps->slope[r] = ps->slope[c], ps->pos[r] = ps->pos[c];
+        ps->m[r] = ps->m[c], ps->l[r] = ps->l[c];
+    }
+    for (int32_t r = 0; r < st_lanes(ps); r++) {
+        ps->kel[r] = ps->ke[r] == INT32_MAX ? INT32_MAX : ps->ke[r] - ps->lane_key[r % VF_LANES];
+        ps->kbl[r] = ps->kb[r] - ps->lane_key[r % VF_LANES];
+    }
     if (ps->dot)
         for (int32_t j = 0; j < BC; j++)
             for (int32_t r = nr; r < ps->rp; r++)
@@ -938,9 +1046,11 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
         if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
-        tile_rows(ps, j0, jn);
-        if (!ps->dot && j0 + jn < jmax)
-            prefetch_tile(ps, j0 + jn, jmax - j0 - jn < BC ? jmax : j0 + jn + BC);
+        tile_rows(blk, j0, jn, ps->kr, ps->vr);
+        ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < BC ? jmax - j0 - jn : BC) : 0;
+        tile_rows(blk, j0 + jn, ps->nn, ps->nkr, ps->nvr);
+        for (int32_t j = 0; !ps->dot && j < ps->nn; j++)
+            prefetch_row(ps->nkr[j], ps->kbytes), prefetch_row(ps->nvr[j], ps->vbytes);
         if (ps->dot)
             scores_dot(ps, j0, jn);
         else
@@ -961,6 +1071,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 
     /* O /= l (+ exp(sink - m)); rows that saw no key have l = 0 and O = 0 and
        stay zeros, with lse -inf. */
+    for (int32_t r = 0; r < nr && ps->paired; r++)
+        paired_order(ps->out[r], dv, 0);
     for (int32_t r = 0; r < nr; r++) {
         const float l = ps->l[r];
         if (blk->lse)
