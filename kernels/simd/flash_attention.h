@@ -439,17 +439,6 @@ SIMD_UNROLL(4)
     default: break;                                                                       \
     }
 
-/* dot_tile for R rows of K rows of type T, out of line: one instance of each
- * (R, T), called per key step (sanitizer builds would otherwise compile many
- * inlined copies). */
-__attribute__((noinline)) static void dot_tiles(const float *q, int32_t dk, const char *const *k,
-                                                float *s, int R, mha_dtype T)
-{
-#define RT_CALL_(r, t) dot_tile(q, dk, k, s, r, t)
-    RT_SWITCH_(R, T)
-#undef RT_CALL_
-}
-
 /* The row groups of a dot pass: 4 rows while 4 remain, then 2, then 1. */
 static int32_t dot_group(int32_t nr, int32_t r)
 {
@@ -472,13 +461,24 @@ static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0,
         for (int32_t i = p0; pf && i < p1; i++)
             prefetch_row(ps->nkr[i], ps->kbytes);
         float s[DOT_SCORES];
-        dot_tiles(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, (mha_dtype)T);
+        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, T);
         for (int32_t i = p0; pf && i < p1; i++)
             prefetch_row(ps->nvr[i], ps->vbytes);
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
         for (int kk = 0; kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
+}
+
+/* dot_step for R rows of K rows of type T, out of line: one instance of each
+ * (R, T), called per key step (sanitizer builds would otherwise compile many
+ * inlined copies). */
+__attribute__((noinline)) static void dot_steps(pass *ps, int32_t r0, int32_t j, int32_t jt,
+                                                const char *const *k, int pf, int R, mha_dtype T)
+{
+#define RT_CALL_(r, t) dot_step(ps, r0, j, jt, k, pf, r, t)
+    RT_SWITCH_(R, T)
+#undef RT_CALL_
 }
 
 /* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_SCORES keys per
@@ -497,14 +497,8 @@ static inline __attribute__((always_inline)) void scores_dot_as(pass *ps, int32_
         const char *k[DOT_SCORES];
         for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
             k[kk] = ps->kr[j + kk < jt ? j + kk : jt - 1];
-        for (int32_t r = 0; r < nr; r += dot_group(nr, r)) {
-            const int pf = r == 0;
-            switch (dot_group(nr, r)) {
-            case 4: dot_step(ps, r, j, jt, k, pf, 4, T); break;
-            case 2: dot_step(ps, r, j, jt, k, pf, 2, T); break;
-            default: dot_step(ps, r, j, jt, k, pf, 1, T); break;
-            }
-        }
+        for (int32_t r = 0; r < nr; r += dot_group(nr, r))
+            dot_steps(ps, r, j, jt, k, r == 0, dot_group(nr, r), (mha_dtype)T);
     }
 }
 
