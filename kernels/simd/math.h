@@ -38,7 +38,9 @@ static inline vf vf_exp(vf x)
 /* tanh(x) = sign(x) t(|x|): below 0.625, t = a + a^3 Q(a^2), Q of degree 4
  * fitted to the relative error (7e-2 ulp in exact arithmetic); above it,
  * t = 1 - 2e / (1 + e) with e = exp(-2|x|) <= 0.29, free of cancellation.
- * NaN stays NaN, +-Inf gives +-1, the sign of zeros is kept. */
+ * NaN stays NaN, +-Inf gives +-1, the sign of zeros is kept. A vector whose
+ * lanes all lie below 0.625 (softcapped scores, mostly) skips the exp and the
+ * division: each lane's bits are those of its branch either way. */
 static inline vf vf_tanh(vf x)
 {
     const vf a = vf_abs(x), a2 = vf_mul(x, x), one = vf_set1(1.0f);
@@ -47,9 +49,12 @@ static inline vf vf_tanh(vf x)
     q = vf_fmadd(q, a2, vf_set1(0x1.110726p-3f));
     q = vf_fmadd(q, a2, vf_set1(-0x1.555532p-2f));
     const vf small = vf_fmadd(vf_mul(a, a2), q, a);
+    const vm is_small = vf_lt(a, vf_set1(0.625f));
+    if (vm_all(is_small))
+        return vf_copysign(small, x);
     const vf e = vf_exp(vf_mul(a, vf_set1(-2.0f)));
     const vf big = vf_sub(one, vf_div(vf_add(e, e), vf_add(one, e)));
-    return vf_copysign(vf_select(vf_lt(a, vf_set1(0.625f)), small, big), x);
+    return vf_copysign(vf_select(is_small, small, big), x);
 }
 
 /* y = f(x) over an array, in vectors then a masked tail (f inlines: static). */
