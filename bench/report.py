@@ -400,7 +400,7 @@ CASE_TEXT = {
     "FMA peak), over the call's time. % of read: over a plain read of the same bytes ({read_isa} loads "
     "summed, the same threads, split the same way by (b, kv head) slab), timed right before "
     "each call on the same buffers, which each side finds as the other left them; \"fits in "
-    "L3\" when K+V is at most the L3 size the OS reports. A peer's % of read is over the best "
+    "L3\" when K+V is at most the L3 that CPU 0 shares (sysfs). A peer's % of read is over the best "
     "plain read of those bytes in mha-bench. The reference is the same attention through "
     "mha_attention (Sq = 1 over contiguous K, V), which now takes the same decode path (GQA "
     "blocks, split keys), so no target is set against it; a typed cache's reference is the same "
