@@ -42,8 +42,12 @@
  *
  * Threads: parallel loops use OpenMP and honour omp_set_num_threads and
  * OMP_NUM_THREADS, or the caller's thread pool (mha_set_parallel_for). Results
- * are bitwise identical for any thread count. Calls from several threads at once
- * are safe. No call uses more than 16 KiB of stack on any thread: per-thread
+ * are bitwise identical for any thread count: a call is cut into work items by
+ * its shapes alone, up to about 256 items where the shapes have the work (an
+ * attention of one sequence over a long cache is cut into key chunks: 128 items
+ * for 8 kv heads over 16384 keys), so that many threads at most work on one
+ * attention; per-thread scratch serves up to 1024 threads. Calls from several
+ * threads at once are safe. No call uses more than 16 KiB of stack on any thread: per-thread
  * scratch comes from the heap (or the workspace).
  */
 #ifndef MHA_H
@@ -184,7 +188,7 @@ MHA_API mha_status mha_heads_merge(float *x, int32_t batch, int32_t seq, int32_t
    usually 1/sqrt(dh). out: [B][H][Sq][dv] (MHA_LAYOUT_BHSD) or heads merged
    [B][Sq][H*dv] (MHA_LAYOUT_BSHD). dv = v_head_dim, or dh when it is 0. mask may be
    NULL. Extra memory is a few tiles per thread, plus, when few (b, kv head) pairs
-   meet many keys, partial results of at most 64 key chunks per query row: never
+   meet many keys, partial results of at most 256 key chunks per query row: never
    anything that grows with Skv. */
 typedef struct mha_attn_dims {
     int32_t batch, heads, kv_heads, seq_q, seq_kv, head_dim;

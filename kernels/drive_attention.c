@@ -5,25 +5,34 @@
  * them; with many query rows, a block is one head's run of attn_block_rows.
  * When blocks are too few to fill the threads (decode: few sequences, one row
  * each, long caches), the keys are cut into chunks too (flash-decoding): each
- * chunk writes its rows' normalised partial output and log-sum-exp, and a
- * second loop merges the chunks of each row in chunk order. How the work is cut
- * (blocks, chunk count and length) depends only on the call's shapes and lens,
- * never on the thread count, so results are bitwise identical for any number
- * of threads.
+ * chunk writes its rows' normalised partial output and log-sum-exp, and the
+ * chunk of a block that finishes last merges the block's chunks, in chunk order,
+ * within the same parallel loop. How the work is cut (blocks, chunk count and
+ * length) depends only on the call's shapes and lens, never on the thread
+ * count, so results are bitwise identical for any number of threads; a call
+ * whose shapes have the work yields up to SPLIT_ITEMS items.
  *
  * Masks become a per-row range of visible keys [kv_begin, kv_end) (key lengths,
  * causality and the window each cut one side), plus the bias, ALiBi and sinks
  * that the kernel applies. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
+/* Keys are cut when a call has fewer than SPLIT_BELOW blocks: into chunks of at
+ * least CHUNK_MIN keys until there are SPLIT_BELOW items, and further, in chunks
+ * of at least CHUNK_LONG keys, up to SPLIT_ITEMS items (the threads a long cache
+ * can fill; shorter chunks cost their setup and merge on small machines). */
 enum {
-    SPLIT_ITEMS = 64, /* blocks wanted before the keys are not cut */
-    CHUNK_MIN = 256,  /* fewest keys per chunk */
-    CHUNK_ALIGN = 64, /* chunk lengths are multiples of this */
+    SPLIT_BELOW = 64,
+    SPLIT_ITEMS = 256,
+    CHUNK_MIN = 256,
+    CHUNK_LONG = 1024,
+    CHUNK_ALIGN = 64,          /* chunk lengths are multiples of this */
+    KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are prefetched: a core's L2 (Zen 1) */
 };
 
 /* Per-row arrays of a block, in the item's heap scratch (the stack stays small). */
@@ -71,9 +80,12 @@ static void cut(mha_attn_plan *p, int32_t br, int32_t batch, int32_t heads, int3
     p->blocks = (int64_t)batch * kv_heads * p->hgroups * p->qblocks;
     p->chunks = 1;
     p->chunk_len = keys;
-    if (p->blocks < SPLIT_ITEMS && keys >= 2 * CHUNK_MIN) {
-        int64_t n = (SPLIT_ITEMS + p->blocks - 1) / p->blocks;
+    if (p->blocks < SPLIT_BELOW && keys >= 2 * CHUNK_MIN) {
+        int64_t n = (SPLIT_BELOW + p->blocks - 1) / p->blocks;
+        int64_t more = (SPLIT_ITEMS + p->blocks - 1) / p->blocks;
         n = n < keys / CHUNK_MIN ? n : keys / CHUNK_MIN;
+        more = more < keys / CHUNK_LONG ? more : keys / CHUNK_LONG;
+        n = n > more ? n : more;
         int64_t len = (keys + n - 1) / n;
         len = (len + CHUNK_ALIGN - 1) / CHUNK_ALIGN * CHUNK_ALIGN;
         p->chunk_len = (int32_t)len;
@@ -81,13 +93,24 @@ static void cut(mha_attn_plan *p, int32_t br, int32_t batch, int32_t heads, int3
     }
 }
 
-/* Bytes of the partial results (outputs, then lse) of a cut with chunks > 1. */
+/* Bytes of the partial results (outputs, then lse, then a chunk counter per
+ * block) of a cut with chunks > 1. */
 static size_t partial_bytes(const mha_attn_plan *p, int32_t dv)
 {
     if (p->chunks == 1)
         return 0;
     const int64_t rows = p->blocks * p->chunks * p->head_run * p->row_run;
-    return ((size_t)rows * (size_t)(dv + 1) * sizeof(float) + 63) / 64 * 64;
+    return ((size_t)rows * (size_t)(dv + 1) * sizeof(float)
+            + (size_t)p->blocks * sizeof(_Atomic int32_t) + 63) / 64 * 64;
+}
+
+/* Places the partial results at mem (partial_bytes of them). */
+static void place_partials(mha_attn_plan *p, void *mem)
+{
+    const int64_t rows = p->blocks * p->chunks * p->head_run * p->row_run;
+    p->part_out = mem;
+    p->part_lse = p->part_out + rows * p->a.dv;
+    p->merged = (_Atomic int32_t *)(p->part_lse + rows);
 }
 
 /* Floats of a slot's staged q and out rows: a block's rows converted to f32 when
@@ -123,7 +146,9 @@ size_t mha_attention_arena_bytes(int32_t batch, int32_t heads, int32_t kv_heads,
         slot = slot_bytes(kt, NULL) > slot ? slot_bytes(kt, NULL) : slot;
     }
     const int64_t width = mha_parallel_width();
-    const size_t slots = (size_t)(width < 1 ? 1 : width > 64 ? 64 : width);
+    const size_t slots = (size_t)(width < 1                       ? 1
+                                  : width > MHA_SCRATCH_SLOTS_MAX ? MHA_SCRATCH_SLOTS_MAX
+                                                                  : width);
     return partials + slots * ((slot + 63) / 64 * 64);
 }
 
@@ -133,15 +158,16 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
     memset(p, 0, sizeof *p);
     p->kt = kt;
     p->a = *a;
-    cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, max_keys(a));
+    const int32_t keys = max_keys(a);
+    cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, keys);
+    p->kv_far = (double)a->batch * a->kv_heads * keys
+                    * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv))
+                > KV_FAR_BYTES;
     const int64_t items = p->blocks * p->chunks;
-    const int64_t rows = items * p->head_run * p->row_run;
     const size_t partials = partial_bytes(p, a->dv);
     if (arena) {
-        if (partials) {
-            p->part_out = arena;
-            p->part_lse = p->part_out + rows * a->dv;
-        }
+        if (partials)
+            place_partials(p, arena);
         mha_scratch_place(&p->scratch, slot_bytes(kt, a), items, (char *)arena + partials,
                           arena_bytes - partials);
         return MHA_OK;
@@ -154,8 +180,7 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
             mha_attention_release(p);
             return MHA_ERR_NOMEM;
         }
-        p->part_out = p->owned;
-        p->part_lse = p->part_out + rows * a->dv;
+        place_partials(p, p->owned);
     }
     return MHA_OK;
 }
@@ -243,7 +268,52 @@ static mha_rows kv_rows(const mha_attn_args *a, const void *base, int64_t sb, in
                       .block_size = a->block_size, .first = c0};
 }
 
-/* Work item: block blk / chunks, keys of chunk blk % chunks. */
+/* The merge of block bi's chunks, row by row, in chunk order:
+ *   L = log sum_c exp(lse_c);  out = sum_c exp(lse_c - M) O_c / (sum_c exp(lse_c - M) + exp(sink - M))
+ * with M the largest lse_c; a row that saw no key in any chunk gets zeros. The sum
+ * builds in the first chunk's partial row, then goes to out in its type. */
+static void merge_block(const mha_attn_plan *p, int64_t bi)
+{
+    const mha_attn_args *a = &p->a;
+    const block_at at = locate(p, bi);
+    const int32_t H = a->heads, Sq = a->seq_q, dv = a->dv, C = p->chunks;
+    const int64_t rows = (int64_t)p->head_run * p->row_run;
+    const size_t es = (size_t)mha_dtype_block_bytes(a->io_type);
+    for (int32_t r = 0; r < at.heads * at.rows; r++) {
+        const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
+        const float *lse = p->part_lse + bi * C * rows + r;
+        float *o = p->part_out + bi * C * rows * dv + (int64_t)r * dv;
+        char *out = (char *)a->out + (at.b * a->out_st.b + h * a->out_st.h + i * a->out_st.s) * es;
+        float m = -INFINITY;
+        for (int32_t c = 0; c < C; c++)
+            m = isnan(lse[c * rows]) || lse[c * rows] > m ? lse[c * rows] : m;
+        float total = -INFINITY;
+        if (m != -INFINITY) {
+            float sum = 0.0f;
+            for (int32_t c = 0; c < C; c++) {
+                const float w = expf(lse[c * rows] - m);
+                sum += w;
+                for (int32_t d = 0; d < dv; d++)
+                    o[d] = (c ? o[d] : 0.0f) + w * o[c * rows * dv + d];
+            }
+            const row_keys k = visible(a, at.b, i);
+            const float shift = alibi_shift(a, h, &k);
+            total = m + logf(sum) + shift;
+            const float den =
+                a->mask && a->mask->sinks ? sum + expf(a->mask->sinks[h] - shift - m) : sum;
+            for (int32_t d = 0; d < dv; d++)
+                o[d] /= den;
+        } else {
+            memset(o, 0, (size_t)dv * sizeof(float));
+        }
+        p->kt->convert(a->io_type, out, MHA_F32, o, dv);
+        if (a->lse)
+            a->lse[((int64_t)at.b * H + h) * Sq + i] = total;
+    }
+}
+
+/* Work item: block blk / chunks, keys of chunk blk % chunks; the block's last
+ * chunk to finish merges them. */
 static void attend_item(void *arg, int64_t item)
 {
     const mha_attn_plan *p = arg;
@@ -301,6 +371,7 @@ static void attend_item(void *arg, int64_t item)
         .k = kv_rows(a, a->k, a->k_stride_b, a->k_stride_h, a->k_stride_s, at.b, at.g, c0),
         .v = kv_rows(a, a->v, a->v_stride_b, a->v_stride_h, a->v_stride_s, at.b, at.g, c0),
         .kv_type = a->kv_type,
+        .kv_far = p->kv_far,
         .kv_begin = begins ? br->kv_begin : NULL,
         .kv_end = br->kv_end,
         .scale = a->scale,
@@ -343,58 +414,16 @@ static void attend_item(void *arg, int64_t item)
             a->lse[((int64_t)at.b * H + at.h0 + r / at.rows) * Sq + at.i0 + r % at.rows] =
                 br->lse[r] + br->shift[r];
     mha_scratch_give((mha_scratch *)&p->scratch, slot);
-}
-
-/* Merge item: the chunks of block bi, row by row, in chunk order:
- *   L = log sum_c exp(lse_c);  out = sum_c exp(lse_c - M) O_c / (sum_c exp(lse_c - M) + exp(sink - M))
- * with M the largest lse_c; a row that saw no key in any chunk gets zeros. The sum
- * builds in the first chunk's partial row, then goes to out in its type. */
-static void merge_item(void *arg, int64_t bi)
-{
-    const mha_attn_plan *p = arg;
-    const mha_attn_args *a = &p->a;
-    const block_at at = locate(p, bi);
-    const int32_t H = a->heads, Sq = a->seq_q, dv = a->dv, C = p->chunks;
-    const int64_t rows = (int64_t)p->head_run * p->row_run;
-    const size_t es = (size_t)mha_dtype_block_bytes(a->io_type);
-    for (int32_t r = 0; r < at.heads * at.rows; r++) {
-        const int32_t h = at.h0 + r / at.rows, i = at.i0 + r % at.rows;
-        const float *lse = p->part_lse + bi * C * rows + r;
-        float *o = p->part_out + bi * C * rows * dv + (int64_t)r * dv;
-        char *out = (char *)a->out + (at.b * a->out_st.b + h * a->out_st.h + i * a->out_st.s) * es;
-        float m = -INFINITY;
-        for (int32_t c = 0; c < C; c++)
-            m = isnan(lse[c * rows]) || lse[c * rows] > m ? lse[c * rows] : m;
-        float total = -INFINITY;
-        if (m != -INFINITY) {
-            float sum = 0.0f;
-            for (int32_t c = 0; c < C; c++) {
-                const float w = expf(lse[c * rows] - m);
-                sum += w;
-                for (int32_t d = 0; d < dv; d++)
-                    o[d] = (c ? o[d] : 0.0f) + w * o[c * rows * dv + d];
-            }
-            const row_keys k = visible(a, at.b, i);
-            const float shift = alibi_shift(a, h, &k);
-            total = m + logf(sum) + shift;
-            const float den =
-                a->mask && a->mask->sinks ? sum + expf(a->mask->sinks[h] - shift - m) : sum;
-            for (int32_t d = 0; d < dv; d++)
-                o[d] /= den;
-        } else {
-            memset(o, 0, (size_t)dv * sizeof(float));
-        }
-        p->kt->convert(a->io_type, out, MHA_F32, o, dv);
-        if (a->lse)
-            a->lse[((int64_t)at.b * H + h) * Sq + i] = total;
-    }
+    /* acq_rel: the last chunk sees every other chunk's partial results */
+    if (split && atomic_fetch_add_explicit(&p->merged[bi], 1, memory_order_acq_rel) == p->chunks - 1)
+        merge_block(p, bi);
 }
 
 void mha_attention_exec(mha_attn_plan *p)
 {
+    for (int64_t bi = 0; p->chunks > 1 && bi < p->blocks; bi++)
+        atomic_init(&p->merged[bi], 0);
     mha_parallel_for(p->blocks * p->chunks, attend_item, p);
-    if (p->chunks > 1)
-        mha_parallel_for(p->blocks, merge_item, p);
     mha_attention_release(p);
 }
 

@@ -81,13 +81,15 @@ static inline const char *mha_row(const mha_rows *r, int32_t j)
  * other rows' data, so that the thread count never changes a bit of the output.
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
  * the calling thread's alone: kernels keep their tiles and per-row state there;
- * the stack holds only registers' worth of vectors. */
+ * the stack holds only registers' worth of vectors. kv_far: the call's K and V
+ * are larger than a core's L2 (a hint: the kernel may prefetch them). */
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
     int64_t q_stride, q_group_stride;
     mha_rows k, v;
     mha_dtype kv_type;
+    int kv_far;
     const int32_t *kv_begin, *kv_end;
     const float *bias;
     int64_t bias_stride, bias_group_stride;
@@ -190,13 +192,15 @@ int64_t mha_parallel_width(void);
 
 /* parallel.c: per-item scratch of a parallel loop, allocated before the loop (so
  * that a failure writes nothing): slots of `bytes` (64-byte aligned), one per
- * item that may run at once; take waits while all are taken. */
+ * item that may run at once, up to MHA_SCRATCH_SLOTS_MAX; take waits while all
+ * are taken. */
+enum { MHA_SCRATCH_SLOTS_MAX = 1024 };
 typedef struct mha_scratch {
     char *base;
     size_t per;
     int32_t slots;
     int owned; /* base was allocated by init */
-    _Atomic uint64_t busy;
+    _Atomic uint64_t busy[MHA_SCRATCH_SLOTS_MAX / 64]; /* a bit per slot in use */
 } mha_scratch;
 mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items);
 /* The same in the caller's memory (64-byte aligned, at least one slot of bytes):
@@ -271,8 +275,10 @@ typedef struct mha_attn_plan {
     mha_attn_args a;
     int32_t head_run, row_run, qblocks, hgroups, chunks, chunk_len;
     int64_t blocks;
+    int kv_far;                 /* K and V of the call exceed a core's L2 */
     mha_scratch scratch;
     float *part_out, *part_lse; /* per chunk, when chunks > 1 */
+    _Atomic int32_t *merged;    /* per block, its chunks done (the last one merges) */
     void *owned;                /* what prepare allocated for them */
 } mha_attn_plan;
 

@@ -57,16 +57,22 @@ static int32_t scratch_slots(int64_t items, int64_t cap)
     int64_t slots = mha_parallel_width();
     slots = slots < items ? slots : items;
     slots = slots < cap ? slots : cap;
-    slots = slots < 64 ? slots : 64;
+    slots = slots < MHA_SCRATCH_SLOTS_MAX ? slots : MHA_SCRATCH_SLOTS_MAX;
     return (int32_t)(slots > 0 ? slots : 1);
+}
+
+static void scratch_clear(mha_scratch *s)
+{
+    for (int32_t w = 0; w < MHA_SCRATCH_SLOTS_MAX / 64; w++)
+        atomic_init(&s->busy[w], 0);
 }
 
 mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items)
 {
     s->per = (bytes + 63) / 64 * 64;
-    s->slots = scratch_slots(items, 64);
+    s->slots = scratch_slots(items, MHA_SCRATCH_SLOTS_MAX);
     s->owned = 1;
-    atomic_init(&s->busy, 0);
+    scratch_clear(s);
     s->base = NULL;
     if (s->per == 0)
         return MHA_OK;
@@ -77,9 +83,9 @@ mha_status mha_scratch_init(mha_scratch *s, size_t bytes, int64_t items)
 void mha_scratch_place(mha_scratch *s, size_t bytes, int64_t items, void *mem, size_t mem_bytes)
 {
     s->per = (bytes + 63) / 64 * 64;
-    s->slots = scratch_slots(items, s->per ? (int64_t)(mem_bytes / s->per) : 64);
+    s->slots = scratch_slots(items, s->per ? (int64_t)(mem_bytes / s->per) : MHA_SCRATCH_SLOTS_MAX);
     s->owned = 0;
-    atomic_init(&s->busy, 0);
+    scratch_clear(s);
     s->base = s->per ? mem : NULL;
 }
 
@@ -88,15 +94,18 @@ void *mha_scratch_take(mha_scratch *s)
     if (!s->base)
         return NULL;
     for (;;) {
-        uint64_t busy = atomic_load_explicit(&s->busy, memory_order_relaxed);
-        for (int32_t i = 0; i < s->slots; i++) {
-            const uint64_t bit = UINT64_C(1) << i;
-            if (busy & bit)
-                continue;
-            if (atomic_compare_exchange_weak_explicit(&s->busy, &busy, busy | bit,
-                                                      memory_order_acquire, memory_order_relaxed))
-                return s->base + s->per * (size_t)i;
-            i = -1; /* busy was reloaded: scan again */
+        for (int32_t w = 0; w * 64 < s->slots; w++) {
+            const int32_t n = s->slots - w * 64 < 64 ? s->slots - w * 64 : 64;
+            uint64_t busy = atomic_load_explicit(&s->busy[w], memory_order_relaxed);
+            for (int32_t i = 0; i < n; i++) {
+                const uint64_t bit = UINT64_C(1) << i;
+                if (busy & bit)
+                    continue;
+                if (atomic_compare_exchange_weak_explicit(&s->busy[w], &busy, busy | bit,
+                                                          memory_order_acquire, memory_order_relaxed))
+                    return s->base + s->per * (size_t)(w * 64 + i);
+                i = -1; /* busy was reloaded: scan the word again */
+            }
         }
         sched_yield(); /* more workers than slots: one finishes soon */
     }
@@ -107,7 +116,7 @@ void mha_scratch_give(mha_scratch *s, void *slot)
     if (!slot)
         return;
     const size_t i = (size_t)((char *)slot - s->base) / s->per;
-    atomic_fetch_and_explicit(&s->busy, ~(UINT64_C(1) << i), memory_order_release);
+    atomic_fetch_and_explicit(&s->busy[i / 64], ~(UINT64_C(1) << i % 64), memory_order_release);
 }
 
 void mha_scratch_free(mha_scratch *s)

@@ -359,6 +359,90 @@ void set_threads(int n)
 #endif
 }
 
+/* Runs items of the current job; returns when none is left to take. */
+static void pool_work(test_pool *p)
+{
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        const int64_t i = p->next < p->n ? p->next++ : -1;
+        pthread_mutex_unlock(&p->lock);
+        if (i < 0)
+            return;
+        p->fn(p->arg, i);
+        pthread_mutex_lock(&p->lock);
+        if (++p->done == p->n)
+            pthread_cond_broadcast(&p->idle);
+        pthread_mutex_unlock(&p->lock);
+    }
+}
+
+static void *pool_thread(void *arg)
+{
+    test_pool *p = arg;
+    unsigned seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        while (!p->quit && p->generation == seen)
+            pthread_cond_wait(&p->wake, &p->lock);
+        seen = p->generation;
+        const int quit = p->quit;
+        pthread_mutex_unlock(&p->lock);
+        if (quit)
+            return NULL;
+        pool_work(p);
+    }
+}
+
+void test_pool_parallel_for(void *pool, int64_t n, void (*fn)(void *, int64_t), void *arg)
+{
+    test_pool *p = pool;
+    pthread_mutex_lock(&p->job_lock);
+    pthread_mutex_lock(&p->lock);
+    p->fn = fn, p->arg = arg, p->n = n, p->next = 0, p->done = 0;
+    p->generation++;
+    p->jobs++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    pool_work(p);
+    pthread_mutex_lock(&p->lock);
+    while (p->done < p->n)
+        pthread_cond_wait(&p->idle, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->job_lock);
+}
+
+int test_pool_start(test_pool *p, int workers, size_t stack_bytes)
+{
+    memset(p, 0, sizeof *p);
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_mutex_init(&p->job_lock, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->idle, NULL);
+    p->threads = xmalloc(sizeof(pthread_t) * (size_t)workers);
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) || pthread_attr_setstacksize(&attr, stack_bytes))
+        return -1;
+    for (; p->workers < workers; p->workers++)
+        if (pthread_create(&p->threads[p->workers], &attr, pool_thread, p)) {
+            pthread_attr_destroy(&attr);
+            test_pool_stop(p);
+            return -1;
+        }
+    pthread_attr_destroy(&attr);
+    return 0;
+}
+
+void test_pool_stop(test_pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    for (int i = 0; i < p->workers; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+}
+
 /* One unit in the last place of r in type t (1 ulp of f32 for f32). */
 static double ulp_of(mha_dtype t, double r)
 {

@@ -3,6 +3,7 @@
 #ifndef MHA_TESTS_COMMON_H
 #define MHA_TESTS_COMMON_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +29,25 @@ double tol_ratio_f(const float *a, const float *r, int64_t n, double tol);
 
 /* omp_set_num_threads(n); nothing in a build without OpenMP. */
 void set_threads(int n);
+
+/* A caller's thread pool for mha_set_parallel_for: `workers` threads (with
+   stacks of stack_bytes) plus the caller; one job at a time (a lock serializes
+   callers), items handed out in order. start returns 0, or -1 when a thread
+   could not start; jobs counts the parallel loops run. */
+typedef struct test_pool {
+    pthread_t *threads;
+    int workers;
+    pthread_mutex_t lock, job_lock;
+    pthread_cond_t wake, idle;
+    void (*fn)(void *, int64_t);
+    void *arg;
+    int64_t n, next, done;
+    unsigned generation;
+    int quit, jobs;
+} test_pool;
+int test_pool_start(test_pool *p, int workers, size_t stack_bytes);
+void test_pool_stop(test_pool *p);
+void test_pool_parallel_for(void *pool, int64_t n, void (*fn)(void *, int64_t), void *arg);
 
 /* Reads MHA_ISA: exits 77 (skip) when it names an ISA this CPU lacks, so that
    the suite registered once per ISA skips where that ISA cannot run. */

@@ -21,99 +21,10 @@
 enum { POOL_WORKERS = 3 };
 #define SMALL_STACK (PTHREAD_STACK_MIN > 65536 ? PTHREAD_STACK_MIN : 65536)
 
-/* A pool of POOL_WORKERS threads plus the caller; one job at a time (a lock
- * serializes callers), items handed out by an atomic counter. */
-typedef struct pool {
-    pthread_t threads[POOL_WORKERS];
-    pthread_mutex_t lock, job_lock;
-    pthread_cond_t wake, idle;
-    void (*fn)(void *, int64_t);
-    void *arg;
-    int64_t n, next, done;
-    unsigned generation;
-    int quit, jobs;
-} pool;
-
-/* Runs items of the current job; returns when none is left to take. */
-static void pool_work(pool *p)
-{
-    for (;;) {
-        pthread_mutex_lock(&p->lock);
-        const int64_t i = p->next < p->n ? p->next++ : -1;
-        pthread_mutex_unlock(&p->lock);
-        if (i < 0)
-            return;
-        p->fn(p->arg, i);
-        pthread_mutex_lock(&p->lock);
-        if (++p->done == p->n)
-            pthread_cond_broadcast(&p->idle);
-        pthread_mutex_unlock(&p->lock);
-    }
-}
-
-static void *pool_thread(void *arg)
-{
-    pool *p = arg;
-    unsigned seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&p->lock);
-        while (!p->quit && p->generation == seen)
-            pthread_cond_wait(&p->wake, &p->lock);
-        seen = p->generation;
-        const int quit = p->quit;
-        pthread_mutex_unlock(&p->lock);
-        if (quit)
-            return NULL;
-        pool_work(p);
-    }
-}
-
-static void pool_parallel_for(void *arg, int64_t n, void (*fn)(void *, int64_t), void *fn_arg)
-{
-    pool *p = arg;
-    pthread_mutex_lock(&p->job_lock);
-    pthread_mutex_lock(&p->lock);
-    p->fn = fn, p->arg = fn_arg, p->n = n, p->next = 0, p->done = 0;
-    p->generation++;
-    p->jobs++;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->lock);
-    pool_work(p);
-    pthread_mutex_lock(&p->lock);
-    while (p->done < p->n)
-        pthread_cond_wait(&p->idle, &p->lock);
-    pthread_mutex_unlock(&p->lock);
-    pthread_mutex_unlock(&p->job_lock);
-}
-
 static void small_stack_attr(pthread_attr_t *attr)
 {
     assert_int_equal(pthread_attr_init(attr), 0);
     assert_int_equal(pthread_attr_setstacksize(attr, SMALL_STACK), 0);
-}
-
-static void pool_start(pool *p)
-{
-    memset(p, 0, sizeof *p);
-    pthread_mutex_init(&p->lock, NULL);
-    pthread_mutex_init(&p->job_lock, NULL);
-    pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->idle, NULL);
-    pthread_attr_t attr;
-    small_stack_attr(&attr);
-    for (int i = 0; i < POOL_WORKERS; i++)
-        assert_int_equal(pthread_create(&p->threads[i], &attr, pool_thread, p), 0);
-    pthread_attr_destroy(&attr);
-}
-
-static void pool_stop(pool *p)
-{
-    pthread_mutex_lock(&p->lock);
-    p->quit = 1;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->lock);
-    for (int i = 0; i < POOL_WORKERS; i++)
-        pthread_join(p->threads[i], NULL);
 }
 
 /* Every entry point on fixed inputs; outputs go to one buffer per call. */
@@ -227,12 +138,12 @@ static void caller_pool_bits(void **state)
     make_inputs(&in);
     outputs omp, pooled;
     run_all(&in, &omp);
-    pool p;
-    pool_start(&p);
-    mha_set_parallel_for(pool_parallel_for, &p);
+    test_pool p;
+    assert_int_equal(test_pool_start(&p, POOL_WORKERS, SMALL_STACK), 0);
+    mha_set_parallel_for(test_pool_parallel_for, &p);
     run_all(&in, &pooled);
     mha_set_parallel_for(NULL, NULL);
-    pool_stop(&p);
+    test_pool_stop(&p);
     assert_true(p.jobs > 0);
     assert_same(&in, &omp, &pooled);
     free_outputs(&omp);
@@ -255,14 +166,14 @@ static void small_stacks(void **state)
     assert_int_equal(pthread_create(&th, &attr, run_on_small_stack, &job), 0);
     assert_int_equal(pthread_join(th, NULL), 0);
 
-    pool p;
-    pool_start(&p);
-    mha_set_parallel_for(pool_parallel_for, &p);
+    test_pool p;
+    assert_int_equal(test_pool_start(&p, POOL_WORKERS, SMALL_STACK), 0);
+    mha_set_parallel_for(test_pool_parallel_for, &p);
     job.out = &got_pool;
     assert_int_equal(pthread_create(&th, &attr, run_on_small_stack, &job), 0);
     assert_int_equal(pthread_join(th, NULL), 0);
     mha_set_parallel_for(NULL, NULL);
-    pool_stop(&p);
+    test_pool_stop(&p);
     pthread_attr_destroy(&attr);
 
     assert_same(&in, &want, &got_omp);

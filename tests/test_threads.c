@@ -1,5 +1,7 @@
 /* Bitwise determinism: every kernel family gives the same bits with 1, 2, 3
- * and 7 OpenMP threads (thread counts that split the work unevenly). */
+ * and 7 OpenMP threads (thread counts that split the work unevenly), and a
+ * long decode with 128 OpenMP threads and on a caller's pool of 128 threads
+ * (more than the CPUs: items wait for scratch slots) gives the bits of 1. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common.h"
+#include "internal.h"
 
 static const int thread_counts[] = {1, 2, 3, 7};
 #define NT (sizeof thread_counts / sizeof *thread_counts)
@@ -90,12 +93,83 @@ static void heads_split(void **state)
     free(b);
 }
 
+/* A long B=1 decode is cut into enough items for many threads (the cut depends
+ * on the shapes only), and 128 threads give the bits of one. */
+static void many_threads(void **state)
+{
+    (void)state;
+    const mha_attn_args llama = {.batch = 1, .heads = 32, .kv_heads = 8, .seq_q = 1,
+                                 .seq_kv = 16384, .dk = 128, .dv = 128};
+    mha_attn_plan plan;
+    assert_int_equal(mha_attention_prepare(mha_kernels_active(), &llama, NULL, 0, &plan), MHA_OK);
+    print_message("B=1 H=32 Hkv=8 Skv=16384 decode: %lld items\n",
+                  (long long)(plan.blocks * plan.chunks));
+    assert_true(plan.blocks * plan.chunks >= 128);
+    mha_attention_release(&plan);
+
+    rng r = {88};
+    const mha_attn_dims d = {1, 32, 8, 1, 16384, 32, 0, MHA_F32}; /* 128 items: 128 slots */
+    const int64_t nq = 32 * 32, nk = 8 * 16384 * 32;
+    float *q = rand_floats(&r, nq, -1, 1), *k = rand_floats(&r, nk, -1, 1);
+    float *v = rand_floats(&r, nk, -1, 1);
+    float *want = malloc(sizeof(float) * nq), *got = malloc(sizeof(float) * nq);
+    const mha_mask causal = {.causal = 1};
+    set_threads(1);
+    assert_int_equal(mha_attention(&d, q, k, v, 0.17f, &causal, want, MHA_LAYOUT_BHSD), MHA_OK);
+    set_threads(128);
+    assert_int_equal(mha_attention(&d, q, k, v, 0.17f, &causal, got, MHA_LAYOUT_BHSD), MHA_OK);
+    assert_memory_equal(want, got, sizeof(float) * nq);
+    set_threads(2);
+    test_pool p;
+    assert_int_equal(test_pool_start(&p, 127, 1 << 20), 0);
+    mha_set_parallel_for(test_pool_parallel_for, &p);
+    memset(got, 0, sizeof(float) * nq);
+    assert_int_equal(mha_attention(&d, q, k, v, 0.17f, &causal, got, MHA_LAYOUT_BHSD), MHA_OK);
+    mha_set_parallel_for(NULL, NULL);
+    test_pool_stop(&p);
+    assert_true(p.jobs > 0);
+    assert_memory_equal(want, got, sizeof(float) * nq);
+    free(q);
+    free(k);
+    free(v);
+    free(want);
+    free(got);
+}
+
+/* Scratch slots follow the thread count past 64: 200 threads may hold 200
+ * distinct slots at once, and every slot given back is free again. */
+static void scratch_slots(void **state)
+{
+    (void)state;
+    set_threads(200);
+    mha_scratch sc;
+    assert_int_equal(mha_scratch_init(&sc, 64, 1000), MHA_OK);
+    assert_int_equal(sc.slots, 200);
+    char *held[200];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 200; i++) {
+            held[i] = mha_scratch_take(&sc);
+            assert_true(held[i] >= sc.base && held[i] < sc.base + 200 * 64);
+            for (int j = 0; j < i; j++)
+                assert_ptr_not_equal(held[i], held[j]);
+        }
+        for (int i = 0; i < 200; i++)
+            mha_scratch_give(&sc, held[i]);
+        for (int w = 0; w < MHA_SCRATCH_SLOTS_MAX / 64; w++)
+            assert_true(atomic_load(&sc.busy[w]) == 0);
+    }
+    mha_scratch_free(&sc);
+    set_threads(2);
+}
+
 int main(void)
 {
     require_env_isa();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(layer_and_attention),
         cmocka_unit_test(heads_split),
+        cmocka_unit_test(many_threads),
+        cmocka_unit_test(scratch_slots),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }

@@ -116,7 +116,8 @@ typedef struct pass {
     int32_t kb_max;  /* the largest kv_begin of the pass's rows */
     int32_t jmax;    /* the end of the keys the pass reads */
     span all, qk[RB / QK_ROWS], pv[RB / 4]; /* keys seen by the pass, its score and P.V groups */
-    int stream;      /* K and V exceed L2: prefetch them (prefetch_row) */
+    int stream;      /* K and V exceed L2 (a dot pass: the call's, kv_far, as its chunk
+                        may be small but come from far): prefetch them (prefetch_row) */
     int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
                         else they are staged (converted, gathered) into kst and vst */
     int64_t ldv;     /* V's row pitch in floats, when direct */
@@ -1018,7 +1019,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->stream = ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
+    ps->stream = blk->kv_far && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
     ps->direct = blk->kv_type == MHA_F32 && !blk->k.table;
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
