@@ -593,8 +593,9 @@ def plot_decode(out_dir, shapes, info, by_key):
                        if ("decode", name, impl) in by_key]
                 if pts:
                     ax.plot(*zip(*pts), style, color=color, label=f"{label}, {t} cache")
-            roof = [(n, 100 * by_key[("decode", name, isa)]["seconds"] * 1e3
-                     / by_key[("decode", name, isa)]["pct_roofline"]) for n, name in mine
+            # % of roofline = 100 * roofline time / call time.
+            roof = [(n, by_key[("decode", name, isa)]["seconds"] * 1e3
+                     * by_key[("decode", name, isa)]["pct_roofline"] / 100) for n, name in mine
                     if ("decode", name, isa) in by_key and by_key[("decode", name, isa)].get("pct_roofline")]
             if roof:
                 ax.plot(*zip(*roof), "--", color=color, alpha=0.5, lw=1, label=f"roofline, {t} cache")
