@@ -12,6 +12,11 @@ Writes to --out-dir:
                   attention, the call without the modifier) and the stated
                   target of libmha over it; decode in GB/s and % of a plain
                   read of the same K and V bytes
+  headline.md     the short table for README (tools/publish_bench.sh puts it
+                  there): a row per family or case group (one or two of its
+                  shapes, HEADLINE), libmha's fastest ISA, its % of peak (of
+                  memcpy, of decode's roofline), the fastest peer, libmha over
+                  its reference
   attention.png   attention GFLOP/s against sequence length (B=1, 12 heads, dh 64),
                   every ISA and peer
   layer_seq.png   the whole layer, same shapes
@@ -204,7 +209,9 @@ def main():
     peak_isa = max(isa_peak, key=isa_peak.get)
     isas = bctx["isas"].split(",")  # those of this build and CPU, in mha_isa order
     info = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        # When mha-bench ran (its last round), which a report rewritten later keeps.
+        "date": bctx.get("date")
+        or datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu": cpu_model(),
         "threads": bctx.get("omp_threads", "?"),
         "mode": bctx.get("mode", "?"),
@@ -269,6 +276,7 @@ def main():
 
     by_key = {(r["family"], r["shape"], r["impl"]): r for r in results}
     write_table(args.out_dir, shapes, rate, info, skipped, by_key)
+    write_headline(args.out_dir, shapes, rate, info, by_key)
     plot_vs_seq(args.out_dir, shapes, rate, info, "attention")
     plot_vs_seq(args.out_dir, shapes, rate, info, "layer")
     plot_layer_bars(args.out_dir, shapes, rate, info)
@@ -323,6 +331,19 @@ def target_cell(family, s, speedup):
     return f"{speedup:.2f}x ({goal}, {'met' if speedup >= t else 'missed'})"
 
 
+def over_reference(family, s, isa, rate, by_key):
+    """libmha's isa over its reference (<isa>-ref), None where either has no time:
+    prefill the GFLOP/s ratio, else the time ratio (a window and the full causal
+    reference differ in work from the call)."""
+    r, r_ref = rate(family, s, isa), rate(family, s, isa + "-ref")
+    if not r or not r_ref:
+        return None
+    if family == "prefill":
+        return r / r_ref
+    t, t_ref = (by_key[(family, s["name"], i)]["seconds"] for i in (isa, isa + "-ref"))
+    return t_ref / t
+
+
 def case_tables(shapes, rate, info, by_key):
     """The decode, prefill and modifier sections of table.md: per case, each libmha
     ISA with its reference right below, then the peers."""
@@ -356,11 +377,8 @@ def case_tables(shapes, rate, info, by_key):
             for isa in reversed(isas):
                 r, r_ref = rate(family, s, isa), rate(family, s, isa + "-ref")
                 if r:
-                    # The window and the full causal reference differ in work from the call.
-                    t, t_ref = (by_key.get((family, s["name"], i), {}).get("seconds")
-                                for i in (isa, isa + "-ref"))
-                    speedup = None if not r_ref else r / r_ref if family == "prefill" else t_ref / t
-                    rest = [target_cell(family, s, speedup) if ref_name else ""]
+                    rest = [target_cell(family, s, over_reference(family, s, isa, rate, by_key))
+                            if ref_name else ""]
                     rest += [ratio(r, theirs[p]) for p in fam_peers]
                     if len(fam_peers) > 1:
                         rest += [f"{ratio(r, theirs[best_peer])} {fam_peers[best_peer][0]}"
@@ -528,6 +546,104 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
     lines += ["", "Not measured:", ""] + notes + [""]
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write("\n".join(lines))
+
+
+def contiguous(kv_type):
+    """Which cases: those on a contiguous cache of this type."""
+    return lambda s: s["kv_type"] == kv_type and not s["block_size"]
+
+
+# headline.md's rows: (family, label, which of the family's cases, pick): "ends" takes
+# the smallest and the largest call by work (the first of equals), "largest" the
+# largest, "each" every case.
+HEADLINE = [
+    ("qkv", "fused QKV projection", lambda s: True, "ends"),
+    ("attention", "attention, f32", lambda s: s["dtype"] == "f32", "ends"),
+    ("attention", "attention, f16", lambda s: s["dtype"] == "f16", "largest"),
+    ("attention", "attention, bf16", lambda s: s["dtype"] == "bf16", "largest"),
+    ("transpose", "head transpose", lambda s: True, "largest"),
+    ("layer", "whole layer", lambda s: True, "ends"),
+    ("decode", "decode, f32 cache", contiguous("f32"), "ends"),
+    ("decode", "decode, f16 cache", contiguous("f16"), "largest"),
+    ("decode", "decode, bf16 cache", contiguous("bf16"), "largest"),
+    ("decode", "decode, q8_0 cache", contiguous("q8_0"), "largest"),
+    ("decode", "paged decode", lambda s: s["block_size"], "largest"),
+    ("prefill", "chunked prefill", contiguous("f32"), "largest"),
+    ("modifier", "score modifier", lambda s: True, "each"),
+]
+
+
+def headline_row(label, family, s, rate, info, by_key):
+    """One case's cells: libmha's fastest ISA, its % of the bound (the FMA peak; the
+    transpose's memcpy; decode's roofline), the fastest peer, and libmha over its
+    reference where the case has one; and that ISA's record. None when libmha has no
+    time."""
+    mine = {i: rate(family, s, i) for i in info["isas"] if rate(family, s, i)}
+    if not mine:
+        return None
+    isa = max(mine, key=mine.get)
+    key, bound = {"transpose": ("pct_memcpy", "memcpy"),
+                  "decode": ("pct_roofline", "roofline")}.get(family, ("pct_peak", "peak"))
+    rec = by_key[(family, s["name"], isa)]
+    pct = rec.get(key)
+    unit = "GB/s" if family in ("transpose", "decode") else "GFLOP/s"
+    theirs = {impl: rate(family, s, impl) for impl in PEERS[family]}
+    best = max((p for p in theirs if theirs[p]), key=theirs.get, default=None)
+    ref = ""
+    if family in CACHED and REFERENCES.get(s["reference"]):
+        ref = target_cell(family, s, over_reference(family, s, isa, rate, by_key))
+    text = case_text(family, s, info) if family in CACHED else shape_text(s)
+    return [label, f"{s['name']} ({text})", f"{isa} {fmt(mine[isa])} {unit}",
+            "—" if pct is None else f"{pct:.0f}% of {bound}",
+            f"{PEERS[family][best][0]} {fmt(theirs[best])}" if best else "—",
+            ratio(mine[isa], theirs.get(best)), ref], rec
+
+
+def write_headline(out_dir, shapes, rate, info, by_key):
+    """headline.md: a row per HEADLINE pick, from the figures of table.md; no heading,
+    so that it fits inside README's benchmark section."""
+    rows, refs, reads = [], {}, []
+    for family, label, which, pick in HEADLINE:
+        cases = [s for s in shapes if family in s["families"] and which(s)]
+        if not cases:
+            continue
+        small, large = (f(cases, key=lambda s: work(family, s)) for f in (min, max))
+        picks = {"ends": [small] + [large] * (large is not small), "largest": [large],
+                 "each": cases}[pick]
+        for s in picks:
+            picked = headline_row(label, family, s, rate, info, by_key)
+            if picked is None:
+                continue
+            row, rec = picked
+            rows.append(row)
+            if row[-1]:  # against its reference
+                refs.setdefault(REFERENCES[s["reference"]], []).append(s["name"])
+            if rec.get("read_gbps"):
+                reads.append(rec["read_gbps"])
+    read = (f", plain reads of the decode rows' K and V {min(reads):.1f}–{max(reads):.1f} GB/s"
+            if reads else "")
+    lines = [
+        f"**{info['cpu']}, {info['threads']} threads**, {info['date'][:10]} ({info['mode']} "
+        f"run), libmha {info['libmha']}. Peak {info['peak_gflops']:.1f} GFLOP/s (the "
+        f"{info['peak_isa']} FMA loop), memcpy {info['memcpy_gbps']:.1f} GB/s{read}.",
+        "",
+        "libmha: its fastest ISA on this CPU. % of peak: GFLOP/s over the FMA peak; head "
+        "transpose: GB/s over a memcpy of the same bytes; decode: the roofline time, "
+        "max(a plain read of the K and V bytes, the FLOP at the FMA peak), over the call's. "
+        "Best peer: the fastest peer with a time for the case (—: none has one); \"vs best "
+        "peer\" is libmha's speed over it. \"vs reference\" is libmha over its own reference "
+        "call (prefill: GFLOP/s ratio, else time ratio) against the case's target.",
+        "",
+        "| family | case | libmha | % of peak or roofline | best peer | vs best peer "
+        "| vs reference |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if refs:
+        lines += ["", "References: " + "; ".join(f"{', '.join(names)}: {ref}"
+                                                for ref, names in refs.items()) + "."]
+    with open(os.path.join(out_dir, "headline.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def subtitle(info):

@@ -25,8 +25,11 @@
 # 6. writes the report with bench/report.py (Debian's python3 and matplotlib).
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
-# JSON), peers-<r>-<peer>.json, shapes.json, results.json, table.md,
-# attention.png, layer_seq.png, layer.png, decode.png.
+# JSON), peers-<r>-<peer>.json, shapes.json, results.json, table.md (every
+# shape, ISA and peer), headline.md (a row per family: libmha's fastest ISA
+# against the fastest peer), attention.png, layer_seq.png, layer.png,
+# decode.png. tools/publish_bench.sh [DIR] then puts the table and plots in
+# docs/bench/ and the headline in README.md.
 #
 # --quick: 4 small shapes and one decode case, short runs, 1 round, ONNX
 # Runtime the only peer (CI smoke test, well under 2 minutes once built). Full:
@@ -182,4 +185,4 @@ step "writing the report"
 /usr/bin/python3 "$root/bench/report.py" --shapes "$out/shapes.json" $bench_args $peer_args \
     --openblas-detected "$openblas_detected" --out-dir "$out"
 cat "$out/table.md"
-step "done: $out/{results.json,table.md,attention.png,layer_seq.png,layer.png,decode.png}"
+step "done: $out/{results.json,table.md,headline.md,attention.png,layer_seq.png,layer.png,decode.png}"
