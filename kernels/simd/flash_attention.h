@@ -600,10 +600,12 @@ static int v_finite(const pass *ps, int32_t jn)
 }
 
 /* st = softcap * tanh(st / softcap) over the tile's rows (and, when rp < VF_LANES,
- * the lanes of its last vector past the tile, which softmax_tile masks). */
+ * the lanes of its last vector past the tile, zeros here, which softmax_tile masks). */
 static void softcap_tile(pass *ps, int32_t jn)
 {
     const vf cap = vf_set1(ps->blk->softcap), inv = vf_set1(1.0f / ps->blk->softcap);
+    for (int32_t i = jn * ps->rp; i % VF_LANES; i++)
+        ps->st[i] = 0.0f;
     for (int32_t i = 0; i < jn * ps->rp; i += VF_LANES) {
         float *sp = ps->st + i;
         vf_store(sp, vf_mul(cap, vf_tanh(vf_mul(vf_load(sp), inv))));
