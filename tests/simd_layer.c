@@ -128,6 +128,14 @@ static void load_q8(const int8_t *p, float d, float *y)
     vf_storeu(y, vf_load_q8(p, vf_set1(d)));
 }
 
+static void load_bf16_pair(const uint16_t *p, float *even, float *odd)
+{
+    vf e, o;
+    vf_load_bf16_pair(p, &e, &o);
+    vf_storeu(even, e);
+    vf_storeu(odd, o);
+}
+
 static void prefetch(const void *p)
 {
     prefetch_l2(p);
@@ -147,5 +155,6 @@ const simd_layer_ops TABLE_NAME(MHA_SIMD_ISA) = {
     .load16 = load16,
     .store16 = store16,
     .load_q8 = load_q8,
+    .load_bf16_pair = load_bf16_pair,
     .prefetch = prefetch,
 };

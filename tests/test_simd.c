@@ -348,6 +348,23 @@ static void sixteen_bit_loads(void **state)
     for (int i = 0; i < N; i++)
         if (to_bits(y[i]) != (uint32_t)i << 16)
             fail_msg("bf16 0x%04x to f32: 0x%08x", i, to_bits(y[i]));
+    /* bf16 pairs: every pattern in even and in odd position; the last pair ends at a
+       guard page (nothing past the 2 x lanes values is read). */
+    float even[64], odd[64];
+    for (int i = 0; i < N; i += 2 * L->lanes) {
+        L->load_bf16_pair(h + i, even, odd);
+        for (int l = 0; l < L->lanes; l++)
+            if (to_bits(even[l]) != (uint32_t)(i + 2 * l) << 16
+                || to_bits(odd[l]) != (uint32_t)(i + 2 * l + 1) << 16)
+                fail_msg("bf16 pair at 0x%04x, lane %d", i, l);
+    }
+    uint16_t *hp = guard_alloc_bytes((size_t)L->lanes * 4, GUARD_AFTER);
+    memcpy(hp, h + 77, (size_t)L->lanes * 4);
+    L->load_bf16_pair(hp, even, odd);
+    for (int l = 0; l < L->lanes; l++)
+        assert_true(to_bits(even[l]) == (uint32_t)(77 + 2 * l) << 16
+                    && to_bits(odd[l]) == (uint32_t)(78 + 2 * l) << 16);
+    guard_free_bytes(hp, (size_t)L->lanes * 4, GUARD_AFTER);
     for (int n = 0; n <= 3 * L->lanes; n++) { /* tails: nothing past n is read or written */
         float *yg = guard_alloc((size_t)(n ? n : 1), GUARD_AFTER);
         uint16_t *hg = guard_alloc_bytes((size_t)n * 2, GUARD_AFTER);

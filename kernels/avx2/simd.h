@@ -63,7 +63,7 @@ static inline vf vf_pow2i(vf n)
 }
 
 /* The element types' vectors (kernels/dtype.h): VF_LANES binary16 or bfloat16
-   values, or int8 values times a scale, to floats exactly (F16C; bf16 by a shift),
+   values, or int8 values, to floats exactly (F16C; bf16 by a shift),
    and floats to binary16 (F16C, nearest even) and bfloat16 (nearest even, NaN
    quieted: integer operations). */
 static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -79,9 +79,9 @@ static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
     *even = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
     *odd = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
 }
-static inline vf vf_load_q8(const int8_t *p, vf d)
+static inline vf vf_load_i8(const int8_t *p)
 {
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))), d);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 static inline void vf_store_f16(uint16_t *p, vf x)
 {

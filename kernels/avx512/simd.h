@@ -60,7 +60,7 @@ static inline vf vf_pow2i(vf n)
 }
 
 /* The element types' vectors (kernels/dtype.h): VF_LANES binary16 or bfloat16
-   values, or int8 values times a scale, to floats exactly, and floats to binary16
+   values, or int8 values, to floats exactly, and floats to binary16
    (vcvtps2ph, nearest even) and bfloat16 (nearest even, NaN quieted: integer
    operations; AVX512-BF16's vcvtneps2bf16 flushes subnormals, which mha.h keeps). */
 static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -75,9 +75,9 @@ static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
     *odd = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
 }
-static inline vf vf_load_q8(const int8_t *p, vf d)
+static inline vf vf_load_i8(const int8_t *p)
 {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))), d);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 static inline void vf_store_f16(uint16_t *p, vf x)
 {

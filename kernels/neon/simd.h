@@ -71,7 +71,7 @@ static inline vf vf_abs(vf x) { return vabsq_f32(x); }
 static inline vf vf_copysign(vf mag, vf sgn) { return vbslq_f32(vdupq_n_u32(0x80000000u), sgn, mag); }
 
 /* The element types' vectors (kernels/dtype.h): 4 binary16 or bfloat16 values, or
-   int8 values times a scale, to floats exactly (fcvtl; bf16 by a shift), and floats
+   int8 values, to floats exactly (fcvtl; bf16 by a shift), and floats
    to binary16 (fcvtn, nearest even) and bfloat16 (nearest even, NaN quieted:
    integer operations). */
 static inline vf vf_load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
@@ -83,12 +83,12 @@ static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
     *even = vreinterpretq_f32_u32(vshlq_n_u32(u, 16));
     *odd = vreinterpretq_f32_u32(vandq_u32(u, vdupq_n_u32(0xffff0000u)));
 }
-static inline vf vf_load_q8(const int8_t *p, vf d)
+static inline vf vf_load_i8(const int8_t *p)
 {
     int32_t w;
     memcpy(&w, p, 4); /* exactly the 4 bytes: nothing past them may be read */
     const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(w)));
-    return vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), d);
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
 }
 static inline void vf_store_f16(uint16_t *p, vf x) { vst1_u16(p, vreinterpret_u16_f16(vcvt_f16_f32(x))); }
 static inline void vf_store_bf16(uint16_t *p, vf x)

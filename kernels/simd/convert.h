@@ -38,6 +38,12 @@ static inline void vf_store_bf16_n(uint16_t *p, int32_t n, vf x)
     memcpy(p, buf, (size_t)n * 2);
 }
 
+/* VF_LANES int8 values times a q8_0 block's scale d: exactly x * d. */
+static inline vf vf_load_q8(const int8_t *p, vf d)
+{
+    return vf_mul(vf_load_i8(p), d);
+}
+
 /* The scale of the q8_0 block at blk, in every lane. */
 static inline vf vf_q8_scale(const char *blk)
 {
