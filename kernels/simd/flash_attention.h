@@ -947,6 +947,18 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
     }
 }
 
+/* The pitch of st for nr rows: a multiple of QK_ROWS; a dot pass's, the power of two
+ * at or above nr while below VF_LANES, else a multiple of VF_LANES. */
+static int32_t st_pitch(int32_t nr, int dot)
+{
+    if (!dot)
+        return (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
+    int32_t p = 1;
+    while (p < nr && p < VF_LANES)
+        p *= 2;
+    return (nr + p - 1) / p * p;
+}
+
 static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 {
     pass *ps = blk->scratch;
@@ -955,12 +967,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->nr = nr;
     ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
     ps->paired = ps->dot && blk->kv_type == MHA_BF16;
-    ps->rp = (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
-    if (ps->dot) {
-        for (ps->rp = 1; ps->rp < nr && ps->rp < VF_LANES; ps->rp *= 2)
-            ;
-        ps->rp = (nr + ps->rp - 1) / ps->rp * ps->rp;
-    }
+    ps->rp = st_pitch(nr, ps->dot);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
     for (int32_t i = 0; i < VF_LANES; i++) {
         ps->lane_key[i] = i / ps->rp;
@@ -1003,8 +1010,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->slope[r] = ps->slope[c], ps->pos[r] = ps->pos[c];
         ps->m[r] = ps->m[c], ps->l[r] = ps->l[c];
     }
-    for (int32_t r = 0; r < st_lanes(ps); r++) {
-        ps->kel[r] = ps->ke[r] == INT32_MAX ? INT32_MAX : ps->ke[r] - ps->lane_key[r % VF_LANES];
+    for (int32_t r = 0; r < st_lanes(ps); r++) { /* padding rows' INT32_MAX stays above any key */
+        ps->kel[r] = ps->ke[r] - ps->lane_key[r % VF_LANES];
         ps->kbl[r] = ps->kb[r] - ps->lane_key[r % VF_LANES];
     }
     if (ps->dot)
