@@ -48,7 +48,9 @@
  * for 8 kv heads over 16384 keys), so that many threads at most work on one
  * attention; per-thread scratch serves up to 1024 threads. Calls from several
  * threads at once are safe. No call uses more than 16 KiB of stack on any thread: per-thread
- * scratch comes from the heap (or the workspace).
+ * scratch comes from the heap (or the workspace). The library keeps the last freed
+ * scratch block of up to 4 MiB for the next call (small calls then allocate
+ * nothing); it is held until the process ends.
  */
 #ifndef MHA_H
 #define MHA_H

@@ -5,7 +5,9 @@
  * mha_layer_step with a workspace, on shapes that split the keys into chunks
  * and on shapes that do not, and that the counter sees the allocations of
  * the same calls without a workspace (so that it cannot pass by not counting);
- * and that a workspace sized for fewer threads than run is refused. */
+ * that a workspace sized for fewer threads than run is refused; and that a small
+ * call without a workspace allocates nothing when the one before it had the
+ * same shape (the library keeps its freed scratch for the next call). */
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -211,6 +213,22 @@ static void workspace_follows_threads(void **state)
 #endif
 }
 
+/* The second of two identical attention calls takes the scratch the first left. */
+static void small_call_reuses_scratch(void **state)
+{
+    (void)state;
+    rng r = {53};
+    const mha_attn_dims d = {.batch = 1, .heads = 8, .kv_heads = 2, .seq_q = 1, .seq_kv = 64,
+                             .head_dim = 64};
+    float *q = rand_floats(&r, 8 * 64, -1, 1), *k = rand_floats(&r, 2 * 64 * 64, -1, 1);
+    float *v = rand_floats(&r, 2 * 64 * 64, -1, 1), *out = filled_floats(8 * 64, 0);
+    assert_int_equal(mha_attention(&d, q, k, v, 0.125f, NULL, out, MHA_LAYOUT_BHSD), MHA_OK);
+    start();
+    assert_int_equal(mha_attention(&d, q, k, v, 0.125f, NULL, out, MHA_LAYOUT_BHSD), MHA_OK);
+    assert_int_equal(stop(), 0);
+    free(q), free(k), free(v), free(out);
+}
+
 int main(void)
 {
     require_env_isa();
@@ -218,6 +236,7 @@ int main(void)
         cmocka_unit_test(forward_allocates_nothing),
         cmocka_unit_test(step_allocates_nothing),
         cmocka_unit_test(workspace_follows_threads),
+        cmocka_unit_test(small_call_reuses_scratch),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);
 }
