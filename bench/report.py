@@ -164,14 +164,24 @@ def load_peers(paths):
 
 
 def cpu_model():
+    """The CPU's name, with its x86 family and model numbers: under a hypervisor
+    the name can be as vague as "AMD EPYC" for several generations."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.split(":")[0].strip() in ("model name", "Model"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or fields.get("Model")
+    if not name:
+        return platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def fmt(x):
