@@ -128,6 +128,11 @@ static void load_q8(const int8_t *p, float d, float *y)
     vf_storeu(y, vf_load_q8(p, vf_set1(d)));
 }
 
+static void set1_f16(uint16_t h, float *y)
+{
+    vf_storeu(y, vf_set1_f16(h));
+}
+
 static void load_bf16_pair(const uint16_t *p, float *even, float *odd)
 {
     vf e, o;
@@ -155,6 +160,7 @@ const simd_layer_ops TABLE_NAME(MHA_SIMD_ISA) = {
     .load16 = load16,
     .store16 = store16,
     .load_q8 = load_q8,
+    .set1_f16 = set1_f16,
     .load_bf16_pair = load_bf16_pair,
     .prefetch = prefetch,
 };

@@ -37,6 +37,8 @@ typedef struct simd_layer_ops {
     void (*load16)(int t, const uint16_t *p, float *y, int64_t n);
     void (*store16)(int t, const float *x, uint16_t *p, int64_t n);
     void (*load_q8)(const int8_t *p, float d, float *y);
+    /* vf_set1_f16: the binary16 value h in every lane of y[0..lanes). */
+    void (*set1_f16)(uint16_t h, float *y);
     /* vf_load_bf16_pair: 2 x lanes bfloat16 values at p, the even ones to even[0..lanes)
        and the odd ones to odd[0..lanes). */
     void (*load_bf16_pair)(const uint16_t *p, float *even, float *odd);

@@ -344,6 +344,13 @@ static void sixteen_bit_loads(void **state)
     for (int i = 0; i < N; i++)
         if (to_bits(y[i]) != half_bits((uint16_t)i))
             fail_msg("f16 0x%04x to f32: 0x%08x, want 0x%08x", i, to_bits(y[i]), half_bits((uint16_t)i));
+    float lanes[64];
+    for (int i = 0; i < N; i++) { /* one value in every lane: the q8_0 scales */
+        L->set1_f16((uint16_t)i, lanes);
+        for (int l = 0; l < L->lanes; l++)
+            if (to_bits(lanes[l]) != half_bits((uint16_t)i))
+                fail_msg("f16 0x%04x in every lane, lane %d: 0x%08x", i, l, to_bits(lanes[l]));
+    }
     L->load16(MHA_BF16, h, y, N);
     for (int i = 0; i < N; i++)
         if (to_bits(y[i]) != (uint32_t)i << 16)

@@ -67,6 +67,7 @@ static inline vf vf_pow2i(vf n)
    and floats to binary16 (F16C, nearest even) and bfloat16 (nearest even, NaN
    quieted: integer operations). */
 static inline vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vf_set1_f16(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16((short)h)); }
 static inline vf vf_load_bf16(const uint16_t *p)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));

@@ -64,6 +64,7 @@ static inline vf vf_pow2i(vf n)
    (vcvtps2ph, nearest even) and bfloat16 (nearest even, NaN quieted: integer
    operations; AVX512-BF16's vcvtneps2bf16 flushes subnormals, which mha.h keeps). */
 static inline vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vf_set1_f16(uint16_t h) { return _mm512_cvtph_ps(_mm256_set1_epi16((short)h)); }
 static inline vf vf_load_bf16(const uint16_t *p)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));

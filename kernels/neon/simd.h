@@ -75,6 +75,7 @@ static inline vf vf_copysign(vf mag, vf sgn) { return vbslq_f32(vdupq_n_u32(0x80
    to binary16 (fcvtn, nearest even) and bfloat16 (nearest even, NaN quieted:
    integer operations). */
 static inline vf vf_load_f16(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+static inline vf vf_set1_f16(uint16_t h) { return vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))); }
 static inline vf vf_load_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
 /* 2 x 4 bfloat16 values p[0..8) as the floats of the even ones and of the odd ones. */
 static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
