@@ -68,9 +68,9 @@ static void scratch_clear(mha_scratch *s)
         atomic_init(&s->busy[w], 0);
 }
 
-/* One freed scratch block of at most KEEP_BYTES is kept for the next call (a call
- * of a few microseconds spent a seventh of its instructions in malloc and free).
- * A block starts with its usable size, then 64 bytes later its slots. */
+/* One freed scratch block of at most KEEP_BYTES is kept for the next call, so that
+ * a small call does not allocate and free its scratch every time. A block starts
+ * with its usable size, then HEAD bytes later its slots. */
 enum { KEEP_BYTES = 4 << 20, HEAD = 64 };
 static _Atomic(char *) kept;
 

@@ -44,9 +44,9 @@ static inline vf vf_load_q8(const int8_t *p, vf d)
     return vf_mul(vf_load_i8(p), d);
 }
 
-/* The scale of the q8_0 block at blk, in every lane: converted by the vector unit
-   (the scalar conversion, with its branches, was a quarter of a q8_0 decode's
-   instructions: scales are loaded per block and key). */
+/* The scale of the q8_0 block at blk, in every lane, converted by the vector unit:
+   scales are loaded per block and key, and the branchy scalar conversion cost
+   about as much as the values it scales. */
 static inline vf vf_q8_scale(const char *blk)
 {
     uint16_t d;
