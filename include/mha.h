@@ -131,7 +131,10 @@ MHA_API const char *mha_dtype_name(mha_dtype t);
    holding a NaN or Inf stores a NaN scale and zeros, so that all its values read
    back as NaN. From f16, bf16 and q8_0 to f32 is exact. Attention reads a cache's
    values exactly, computes scores, softmax and P.V in f32, and rounds its output once
-   to the output's type. */
+   to the output's type. Where q and K are both bf16 and the CPU has AVX512-BF16, the
+   avx512 kernels take q.k by bf16 dot products: each product is exact in f32 and each
+   sum rounded once, as with FMAs (in another order, subnormal inputs read as zero),
+   then multiply by scale: within the same tolerance, not bit for bit the FMA path. */
 
 /* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
    returns when all have finished. */

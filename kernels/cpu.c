@@ -3,7 +3,8 @@
  * a hypervisor each one traps, several microseconds). x86: AVX2 needs AVX2,
  * FMA and F16C with YMM state saved by the OS (OSXSAVE, XCR0 bits 1 and 2);
  * AVX-512 needs F, BW, DQ and VL plus FMA and F16C, with opmask and ZMM state
- * saved too (XCR0 bits 5, 6 and 7). AArch64: NEON is architectural. */
+ * saved too (XCR0 bits 5, 6 and 7); AVX512-BF16 (bf16 dot products) is an
+ * extension the avx512 kernels use when present. AArch64: NEON is architectural. */
 #include <stdatomic.h>
 
 #include "internal.h"
@@ -14,6 +15,10 @@
 /* CPUID.7.0:EBX bits of AVX2 and of AVX-512 F, DQ, BW, VL. */
 #define LEAF7_AVX2 (1u << 5)
 #define LEAF7_AVX512 (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31)
+/* CPUID.7.1:EAX bit of AVX512-BF16. */
+#define LEAF7_1_AVX512_BF16 (1u << 5)
+/* The set's bit of AVX512-BF16, above the ISAs' bits. */
+#define AVX512_BF16 (1u << 30)
 
 static uint32_t detect(void)
 {
@@ -31,8 +36,11 @@ static uint32_t detect(void)
         return set;
     if ((xcr0_lo & 0x6) == 0x6 && (ebx & LEAF7_AVX2) == LEAF7_AVX2)
         set |= 1u << MHA_ISA_AVX2;
-    if ((xcr0_lo & 0xe6) == 0xe6 && (ebx & LEAF7_AVX512) == LEAF7_AVX512)
+    if ((xcr0_lo & 0xe6) == 0xe6 && (ebx & LEAF7_AVX512) == LEAF7_AVX512) {
         set |= 1u << MHA_ISA_AVX512;
+        if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & LEAF7_1_AVX512_BF16))
+            set |= AVX512_BF16;
+    }
     /* An ISA on AMX tiles would also need the kernel's permission for their
        state, asked here once: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
     return set;
@@ -52,15 +60,29 @@ static uint32_t detect(void)
 
 /* Bit 31: detected. Racing first calls detect the same set and store it alike. */
 #define DETECTED (1u << 31)
-_Static_assert(MHA_ISA_COUNT < 31, "the feature set holds one bit per ISA");
+_Static_assert(MHA_ISA_COUNT < 30, "the feature set holds one bit per ISA, then extensions");
 static _Atomic uint32_t features;
 
-int mha_cpu_supports(mha_isa isa)
+static uint32_t feature_set(void)
 {
     uint32_t set = atomic_load_explicit(&features, memory_order_relaxed);
     if (!set) {
         set = detect() | DETECTED;
         atomic_store_explicit(&features, set, memory_order_relaxed);
     }
-    return (unsigned)isa < MHA_ISA_COUNT && (set >> isa & 1u);
+    return set;
+}
+
+int mha_cpu_supports(mha_isa isa)
+{
+    return (unsigned)isa < MHA_ISA_COUNT && (feature_set() >> isa & 1u);
+}
+
+int mha_cpu_avx512_bf16(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return (feature_set() & AVX512_BF16) != 0;
+#else
+    return 0;
+#endif
 }

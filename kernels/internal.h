@@ -87,6 +87,7 @@ typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
     int64_t q_stride, q_group_stride;
+    int q_bf16; /* every q value is a bfloat16 (the call's q was MHA_BF16) */
     mha_rows k, v;
     mha_dtype kv_type;
     int kv_far;
@@ -213,6 +214,8 @@ void mha_scratch_free(mha_scratch *s);
 /* cpu.c: does this CPU (and OS) support the ISA? Scalar is always supported.
  * The features are detected at the first call only. */
 int mha_cpu_supports(mha_isa isa);
+/* cpu.c: nonzero when the CPU has AVX512-BF16 (read with the ISAs, once). */
+int mha_cpu_avx512_bf16(void);
 /* dispatch.c: the table of an ISA built in and supported here, else NULL. */
 const mha_kernels *mha_kernels_for(mha_isa isa);
 /* dispatch.c: the table calls use now (chosen once, thread-safely). */

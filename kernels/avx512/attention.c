@@ -7,6 +7,8 @@
  * P.V: a 6-row x 64-column tile (24 accumulators): per key, 4 V loads and 6 p
  * broadcasts for 24 FMAs; head_dim tails take the layer's 6 x 16 opmask tile. With two
  * 512-bit FMA pipes of latency 4, 24 independent chains keep both busy. */
+#include <string.h>
+
 #include "avx512/simd.h"
 
 enum { QK_KEYS = 8, QK_ROWS = 48, PV_ROWS = 6, PV_COLS = 64 };
@@ -110,6 +112,58 @@ static void pv_tile(int32_t jn, const float *p, int32_t pp, const float *v, int6
     PV_STORE(3, c30, c31, c32, c33);
     PV_STORE(4, c40, c41, c42, c43);
     PV_STORE(5, c50, c51, c52, c53);
+}
+
+/* AVX512-BF16, where the CPU has it: vdpbf16ps adds two bf16 products to each f32
+ * lane (the odd one, then the even one, each rounded once; products are exact, so
+ * each step is an FMA's, subnormal inputs and results read as zeros), twice the MACs
+ * of an FMA per instruction. The same 8-key x 48-row tile on q's bf16 pairs, K's pairs
+ * broadcast from its rows in place, scale applied once to each score. */
+#define QK_BF16DP 1
+#define QK_BF16DP_AVAILABLE() mha_cpu_avx512_bf16()
+#define QKB_ROW(i, ci0, ci1, ci2)                                                 \
+    do {                                                                          \
+        uint32_t kw;                                                              \
+        memcpy(&kw, k##i + 4 * p, sizeof kw);                                     \
+        const __m512bh kb = (__m512bh)_mm512_set1_epi32((int)kw);                 \
+        ci0 = _mm512_dpbf16_ps(ci0, q0, kb);                                      \
+        ci1 = _mm512_dpbf16_ps(ci1, q1, kb);                                      \
+        ci2 = _mm512_dpbf16_ps(ci2, q2, kb);                                      \
+    } while (0)
+#define QKB_STORE(i, ci0, ci1, ci2)                                                \
+    (_mm512_store_ps(st + (i) * rp, _mm512_mul_ps(sc, ci0)),                       \
+     _mm512_store_ps(st + (i) * rp + 16, _mm512_mul_ps(sc, ci1)),                  \
+     _mm512_store_ps(st + (i) * rp + 32, _mm512_mul_ps(sc, ci2)))
+
+__attribute__((noinline, target("avx512bf16")))
+static void qk_tile_bf16dp(int32_t dp, const float *const kp[8], const uint32_t *qt2, int32_t rp,
+                           float *st, float scale)
+{
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    __m512 c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;
+    __m512 c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00;
+    /* kp point at bf16 rows: read as bytes, a pair (4 bytes) at a time */
+    const char *k0 = (const char *)kp[0], *k1 = (const char *)kp[1], *k2 = (const char *)kp[2];
+    const char *k3 = (const char *)kp[3], *k4 = (const char *)kp[4], *k5 = (const char *)kp[5];
+    const char *k6 = (const char *)kp[6], *k7 = (const char *)kp[7];
+    for (int32_t p = 0; p < dp; p++) {
+        const uint32_t *q = qt2 + (int64_t)p * rp;
+        const __m512bh q0 = (__m512bh)_mm512_load_si512(q), q1 = (__m512bh)_mm512_load_si512(q + 16);
+        const __m512bh q2 = (__m512bh)_mm512_load_si512(q + 32);
+        QKB_ROW(0, c00, c01, c02);
+        QKB_ROW(1, c10, c11, c12);
+        QKB_ROW(2, c20, c21, c22);
+        QKB_ROW(3, c30, c31, c32);
+        QKB_ROW(4, c40, c41, c42);
+        QKB_ROW(5, c50, c51, c52);
+        QKB_ROW(6, c60, c61, c62);
+        QKB_ROW(7, c70, c71, c72);
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    QKB_STORE(0, c00, c01, c02), QKB_STORE(1, c10, c11, c12), QKB_STORE(2, c20, c21, c22);
+    QKB_STORE(3, c30, c31, c32), QKB_STORE(4, c40, c41, c42), QKB_STORE(5, c50, c51, c52);
+    QKB_STORE(6, c60, c61, c62), QKB_STORE(7, c70, c71, c72);
 }
 
 #include "simd/flash_attention.h"

@@ -12,6 +12,12 @@
  *                       columns go through pv_tail below, VF_LANES at a time)
  *       pv_tile(jn, p, pp, v, ldv, o[PV_ROWS], alpha[PV_ROWS], valid)
  *   BC                  keys per tile, a multiple of QK_KEYS
+ * and, optionally (QK_BF16DP defined, QK_BF16DP_AVAILABLE() true on this CPU), the
+ * score tile of passes of many rows whose q and K values are all bfloat16:
+ *       qk_tile_bf16dp(dk / 2, kp[QK_KEYS], qt2, rp, st, scale), kp the bf16 rows
+ *                       st[j][r] = scale * sum_p (q[r][2p] K[j][2p] + q[r][2p+1] K[j][2p+1]),
+ *                       K's bf16 rows in place; a bf16 product is exact in f32, so
+ *                       each term is one rounded addition, as an FMA's
  *   RB, RB_L2           rows per pass when K and V stream from memory, and when
  *                       they sit in L2 (multiples of QK_ROWS)
  *
@@ -133,7 +139,13 @@ typedef struct pass {
     _Alignas(64) float m[RB], l[RB], alpha[RB];
     _Alignas(64) int32_t lane_key[VF_LANES]; /* key of lane i within a vector of st: i / rp */
     _Alignas(64) float lane_keyf[VF_LANES];
-    _Alignas(64) float qt[QT_FLOATS];
+    union { /* packed Q^T: scale * q as floats, qt[d][r]; or, for bf16dp, q's bf16 pairs
+               qt2[d / 2][r] (value 2i in the low half, 2i + 1 in the high one) */
+        _Alignas(64) float qt[QT_FLOATS];
+        uint32_t qt2[QT_FLOATS];
+    };
+    int bf16dp;      /* a pass of many rows over bf16 q and K: scores by bf16 dot products
+                        (the ISA's qk_tile_bf16dp), from the K rows in place */
     _Alignas(64) float st[BC * RB];
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
     const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
@@ -161,6 +173,22 @@ static void pack_qt(pass *ps, int32_t d0, int32_t dc)
             vf_transpose(a);
             for (int32_t i = 0; i < n; i++)
                 vf_store(ps->qt + (d + i) * ps->rp + r0, a[i]);
+        }
+}
+
+/* qt2[p][r] = the bf16 pair (q[r][2p], q[r][2p + 1]) for p < dk / 2, zero for padding
+ * rows: q's values are bfloat16, so the pair is their upper halves, exactly. */
+static void pack_qt_bf16(pass *ps)
+{
+    const int32_t pairs = ps->blk->dk / 2;
+    for (int32_t r = 0; r < ps->rp; r++)
+        for (int32_t p = 0; p < pairs; p++) {
+            uint32_t even = 0, odd = 0;
+            if (r < ps->nr) {
+                memcpy(&even, ps->q[r] + 2 * p, sizeof even);
+                memcpy(&odd, ps->q[r] + 2 * p + 1, sizeof odd);
+            }
+            ps->qt2[(int64_t)p * ps->rp + r] = even >> 16 | (odd & 0xffff0000u);
         }
 }
 
@@ -267,23 +295,31 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
             pack_qt(ps, d0, dc);
         /* Staged K goes STAGE_D columns at a time; resuming the FMA chains from st
            between them keeps every bit. */
-        const int32_t cstep = ps->direct ? dc : STAGE_D;
+        const int32_t cstep = ps->direct || ps->bf16dp ? dc : STAGE_D;
         for (int32_t ds = d0; ds < d0 + dc; ds += cstep) {
             const int32_t cw = d0 + dc - ds < cstep ? d0 + dc - ds : cstep;
-            if (!ps->direct)
+            if (!ps->direct && !ps->bf16dp)
                 stage(ps->blk->kv_type, ps->kst, ps->kr, 0, jn, ds, cw);
             for (int32_t jg = 0; jg < jn; jg += QK_KEYS) {
                 const float *kp[QK_KEYS];
                 for (int i = 0; i < QK_KEYS; i++) { /* keys past the tile repeat its last one */
                     const int32_t j = jg + i < jn ? jg + i : jn - 1;
-                    kp[i] = ps->direct ? (const float *)ps->kr[j] + ds : ps->kst + (int64_t)j * STAGE_D;
+                    kp[i] = ps->bf16dp   ? (const float *)ps->kr[j] /* bf16 pairs in place */
+                            : ps->direct ? (const float *)ps->kr[j] + ds
+                                         : ps->kst + (int64_t)j * STAGE_D;
                 }
                 for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
                     float *st = ps->st + jg * ps->rp + rg;
                     const span sp = ps->qk[rg / QK_ROWS];
-                    if (jg < keys_to(sp, j0, jn) && jg + QK_KEYS > keys_from(sp, j0))
+                    if (jg < keys_to(sp, j0, jn) && jg + QK_KEYS > keys_from(sp, j0)) {
+#ifdef QK_BF16DP
+                        if (ps->bf16dp) {
+                            qk_tile_bf16dp(dh / 2, kp, ps->qt2 + rg, ps->rp, st, ps->blk->scale);
+                            continue;
+                        }
+#endif
                         qk_tile(cw, kp, ps->qt + (int64_t)(ds - d0) * ps->rp + rg, ps->rp, st, ds > 0);
-                    else if (ds == 0)
+                    } else if (ds == 0)
                         for (int i = 0; i < QK_KEYS; i++)
                             for (int32_t c = 0; c < QK_ROWS; c += VF_LANES)
                                 vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
@@ -1039,7 +1075,16 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             vf_storeu_n(ps->out[r] + d, dv - d, vf_zero());
     }
     ps->dc = QT_FLOATS / ps->rp / MHA_Q8_BLOCK * MHA_Q8_BLOCK; /* whole q8_0 blocks */
-    if (ps->dot)
+#ifdef QK_BF16DP
+    ps->bf16dp = QK_BF16DP_AVAILABLE() && !ps->dot && blk->q_bf16 && blk->kv_type == MHA_BF16
+                 && dk % 2 == 0 && (int64_t)dk / 2 * ps->rp <= QT_FLOATS;
+#else
+    ps->bf16dp = 0;
+#endif
+    if (ps->bf16dp) {
+        ps->dc = dk; /* one chunk */
+        pack_qt_bf16(ps);
+    } else if (ps->dot)
         pack_q_rows(ps);
     else if (dk <= ps->dc)
         pack_qt(ps, 0, dk);
