@@ -31,19 +31,30 @@ enum { BC = 72 /* keys per tile */, RB = 96, RB_L2 = 48 };
 #define QK_STORE(i, ci0, ci1, ci2)                                                \
     (_mm512_store_ps(st + (i) * rp, ci0), _mm512_store_ps(st + (i) * rp + 16, ci1), \
      _mm512_store_ps(st + (i) * rp + 32, ci2))
+/* The 24 accumulators c<key><vector> at zero, and OP(key, its 3 accumulators) for
+   each of the 8 keys: the skeleton of both score tiles. */
+#define QK_ACCUMULATORS                                                                   \
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00; \
+    __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;              \
+    __m512 c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;              \
+    __m512 c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00
+#define QK_EACH_KEY(OP)                                                                   \
+    OP(0, c00, c01, c02);                                                                 \
+    OP(1, c10, c11, c12);                                                                 \
+    OP(2, c20, c21, c22);                                                                 \
+    OP(3, c30, c31, c32);                                                                 \
+    OP(4, c40, c41, c42);                                                                 \
+    OP(5, c50, c51, c52);                                                                 \
+    OP(6, c60, c61, c62);                                                                 \
+    OP(7, c70, c71, c72)
 
 __attribute__((noinline))
 static void qk_tile(int32_t dc, const float *const kp[8], const float *qt, int32_t rp, float *st,
                     int accumulate)
 {
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
-    __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-    __m512 c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;
-    __m512 c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00;
+    QK_ACCUMULATORS;
     if (accumulate) {
-        QK_LOAD(0, c00, c01, c02), QK_LOAD(1, c10, c11, c12), QK_LOAD(2, c20, c21, c22);
-        QK_LOAD(3, c30, c31, c32), QK_LOAD(4, c40, c41, c42), QK_LOAD(5, c50, c51, c52);
-        QK_LOAD(6, c60, c61, c62), QK_LOAD(7, c70, c71, c72);
+        QK_EACH_KEY(QK_LOAD);
     }
     const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3];
     const float *k4 = kp[4], *k5 = kp[5], *k6 = kp[6], *k7 = kp[7];
@@ -51,18 +62,9 @@ static void qk_tile(int32_t dc, const float *const kp[8], const float *qt, int32
         const float *q = qt + (int64_t)d * rp;
         const __m512 q0 = _mm512_load_ps(q), q1 = _mm512_load_ps(q + 16);
         const __m512 q2 = _mm512_load_ps(q + 32);
-        QK_ROW(0, c00, c01, c02);
-        QK_ROW(1, c10, c11, c12);
-        QK_ROW(2, c20, c21, c22);
-        QK_ROW(3, c30, c31, c32);
-        QK_ROW(4, c40, c41, c42);
-        QK_ROW(5, c50, c51, c52);
-        QK_ROW(6, c60, c61, c62);
-        QK_ROW(7, c70, c71, c72);
+        QK_EACH_KEY(QK_ROW);
     }
-    QK_STORE(0, c00, c01, c02), QK_STORE(1, c10, c11, c12), QK_STORE(2, c20, c21, c22);
-    QK_STORE(3, c30, c31, c32), QK_STORE(4, c40, c41, c42), QK_STORE(5, c50, c51, c52);
-    QK_STORE(6, c60, c61, c62), QK_STORE(7, c70, c71, c72);
+    QK_EACH_KEY(QK_STORE);
 }
 
 /* o[i][0..64) = alpha[i] o[i] + sum_{j < jn} p[j*pp + i] v[j][0..64) for 6 rows i,
@@ -139,10 +141,7 @@ __attribute__((noinline, target("avx512bf16")))
 static void qk_tile_bf16dp(int32_t dp, const float *const kp[8], const uint32_t *qt2, int32_t rp,
                            float *st, float scale)
 {
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
-    __m512 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-    __m512 c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;
-    __m512 c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00;
+    QK_ACCUMULATORS;
     /* kp point at bf16 rows: read as bytes, a pair (4 bytes) at a time */
     const char *k0 = (const char *)kp[0], *k1 = (const char *)kp[1], *k2 = (const char *)kp[2];
     const char *k3 = (const char *)kp[3], *k4 = (const char *)kp[4], *k5 = (const char *)kp[5];
@@ -151,19 +150,10 @@ static void qk_tile_bf16dp(int32_t dp, const float *const kp[8], const uint32_t 
         const uint32_t *q = qt2 + (int64_t)p * rp;
         const __m512bh q0 = (__m512bh)_mm512_load_si512(q), q1 = (__m512bh)_mm512_load_si512(q + 16);
         const __m512bh q2 = (__m512bh)_mm512_load_si512(q + 32);
-        QKB_ROW(0, c00, c01, c02);
-        QKB_ROW(1, c10, c11, c12);
-        QKB_ROW(2, c20, c21, c22);
-        QKB_ROW(3, c30, c31, c32);
-        QKB_ROW(4, c40, c41, c42);
-        QKB_ROW(5, c50, c51, c52);
-        QKB_ROW(6, c60, c61, c62);
-        QKB_ROW(7, c70, c71, c72);
+        QK_EACH_KEY(QKB_ROW);
     }
     const __m512 sc = _mm512_set1_ps(scale);
-    QKB_STORE(0, c00, c01, c02), QKB_STORE(1, c10, c11, c12), QKB_STORE(2, c20, c21, c22);
-    QKB_STORE(3, c30, c31, c32), QKB_STORE(4, c40, c41, c42), QKB_STORE(5, c50, c51, c52);
-    QKB_STORE(6, c60, c61, c62), QKB_STORE(7, c70, c71, c72);
+    QK_EACH_KEY(QKB_STORE);
 }
 
 #include "simd/flash_attention.h"
