@@ -78,6 +78,15 @@
 #else
 #define SIMD_UNROLL(n) SIMD_PRAGMA_(GCC unroll n)
 #endif
+/* The tiles written over (rows, type, ...) inline into one function per instance set;
+ * under AddressSanitizer, which keeps every inlined array in its own stack slot, they
+ * stay calls instead: one frame holding all of them (77 KiB on AVX-512) would overflow a
+ * 64 KiB worker stack. */
+#ifdef SIMD_ASAN
+#define SIMD_INSTANCE __attribute__((noinline))
+#else
+#define SIMD_INSTANCE inline __attribute__((always_inline))
+#endif
 
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
@@ -386,7 +395,7 @@ static inline __attribute__((always_inline)) vf load_kv(const int T, const char 
  * type T) and R rows: the lane-wise partial sums, a q8_0 block's scales loaded once
  * per block, then vf_reduce_lanes, which sums every lane in the same order, so that
  * a score does not depend on its slot. */
-static inline __attribute__((always_inline)) void dot_tile(const float *q, int32_t dk,
+static SIMD_INSTANCE void dot_tile(const float *q, int32_t dk,
                                                            const char *const *k, float *s,
                                                            const int R, const int T)
 {
@@ -487,7 +496,7 @@ static int32_t dot_group(int32_t nr, int32_t r)
  * the next tile are asked for ahead, a sub-step's worth at a time: their K rows
  * before its dot products and their V rows after them, so that the requests stay
  * spread while the FMAs run (a burst would stall on the fill buffers). */
-static inline __attribute__((always_inline)) void dot_step(pass *ps, int32_t r0, int32_t j,
+static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
                                                            int32_t jt, const char *const *k,
                                                            int pf, const int R, const int T)
 {
@@ -521,7 +530,7 @@ __attribute__((noinline)) static void dot_steps(pass *ps, int32_t r0, int32_t j,
 /* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_SCORES keys per
  * step for every row group; while K and V stream, the first group asks for the
  * keys one tile ahead. Keys no row sees are not read (-inf). */
-static inline __attribute__((always_inline)) void scores_dot_as(pass *ps, int32_t j0, int32_t jn,
+static SIMD_INSTANCE void scores_dot_as(pass *ps, int32_t j0, int32_t jn,
                                                                 const int T)
 {
     const int32_t nr = ps->nr;
@@ -817,7 +826,7 @@ _Static_assert(DOT_COLS(4) % 2 == 0, "sweeps of whole bf16 pairs");
  * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one
  * q8_0 block or covers whole ones (dv % 32 == 0): each block's scale is loaded once
  * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. */
-static inline __attribute__((always_inline)) void pv_sweep(
+static SIMD_INSTANCE void pv_sweep(
     int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
     const float *alpha, int32_t last, const int R, const int T, const int NV, const int MASKED)
 {
@@ -869,7 +878,7 @@ SIMD_UNROLL(32)
  * would fall in a few L1 sets and be evicted between sweeps); the first key block
  * applies alpha. One instance per (R, T), out of line as dot_tiles. */
 enum { DOT_PV_KEYS = 32 };
-static inline __attribute__((always_inline)) void pv_rows_as(
+static SIMD_INSTANCE void pv_rows_as(
     int32_t jn, const float *p, int32_t pp, const char *const *vr, float *const *o,
     const float *alpha, int32_t dv, const int R, const int T)
 {
