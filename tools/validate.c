@@ -10,8 +10,10 @@
  *                                   decode step's time per ISA
  * Every mode also checks mha_attention_cached (decode and chunked prefill over a
  * token-major cache, GQA, split keys, every mask kind and score modifier) on a
- * cache of every element type (f32, f16, bf16, q8_0, written by mha_kv_append),
- * and --report times a decode step per ISA and cache type.
+ * cache of every element type (f32, f16, bf16, q8_0, written by mha_kv_append) and,
+ * where a shape is checked against float64, mha_attention on f16 and bf16 q, k, v and
+ * out on every ISA against float64 over the rounded inputs (the AVX512-BF16 scores
+ * where the CPU has them); --report times a decode step per ISA and cache type.
  */
 #define _POSIX_C_SOURCE 199309L
 #include <math.h>
@@ -28,13 +30,15 @@
 #define TOL_ISA 1e-5 /* optimized ISA vs scalar */
 #define TOL_REF 2e-5 /* scalar vs float64 */
 
-/* The kernel families, then cached attention once per cache type of the list. */
+/* The kernel families, cached attention once per cache type of the list, then
+   mha_attention on 16-bit q, k, v and out (every ISA against float64). */
 #define CACHED_NAME_(name, value, bytes, values, io) "cached " #name,
 #define PLUS_ONE_(name, value, bytes, values, io) +1
 enum { KERNEL_QKV, KERNEL_ATTN, KERNEL_SPLIT, KERNEL_LAYER, KERNEL_CACHED,
-       NKERNEL = KERNEL_CACHED MHA_DTYPE_LIST(PLUS_ONE_) };
+       KERNEL_ATTN_F16 = KERNEL_CACHED MHA_DTYPE_LIST(PLUS_ONE_), KERNEL_ATTN_BF16, NKERNEL };
 static const char *kernel_names[NKERNEL] = {"qkv_project", "attention", "heads_split", "layer",
-                                            MHA_DTYPE_LIST(CACHED_NAME_)};
+                                            MHA_DTYPE_LIST(CACHED_NAME_) "attention f16",
+                                            "attention bf16"};
 
 typedef struct stat_cell {
     double abs_err, rel_err, ratio;
@@ -104,6 +108,64 @@ static int check(mha_status st, const char *what)
         exit(2);
     }
     return 0;
+}
+
+/* The gap between values of type t around r (f16: 10 fraction bits, bf16: 7). */
+static double ulp_of(mha_dtype t, double r)
+{
+    const int bits = t == MHA_F16 ? 10 : 7, emin = t == MHA_F16 ? -14 : -126;
+    int e = r == 0.0 ? emin : (int)floor(log2(fabs(r)));
+    return ldexp(1.0, (e < emin ? emin : e) - bits);
+}
+
+/* record for n values of type t at a: an output rounded once to t may differ from r
+   by half an ulp of t on top of tol. */
+static void record_typed(stat_cell *c, mha_dtype t, const void *a, const double *r, int64_t n,
+                         double tol)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const double x = mha_load_value(t, a, i), e = fabs(x - r[i]);
+        double ratio = e / (0.5 * ulp_of(t, r[i]) + tol + tol * fabs(r[i]));
+        if (isnan(x) != isnan(r[i]) || isinf(ratio) || isnan(ratio))
+            ratio = INFINITY;
+        c->ratio = ratio > c->ratio ? ratio : c->ratio;
+        c->abs_err = e > c->abs_err ? e : c->abs_err;
+        if (fabs(r[i]) >= 1e-3 && e / fabs(r[i]) > c->rel_err)
+            c->rel_err = e / fabs(r[i]);
+    }
+    c->checks++;
+}
+
+/* mha_attention on q, k, v (nq + 2 nkv floats) rounded to the 16-bit type t, every
+   ISA against float64 over the rounded values (the AVX512-BF16 scores among them). */
+static void validate_attention_16bit(const shape *s, const float *qkv_in, const mha_mask *mask,
+                                     mha_dtype t, int kernel)
+{
+    const int64_t nq = (int64_t)s->B * s->Sq * s->H * s->dh;
+    const int64_t nkv = (int64_t)s->B * s->Skv * s->Hkv * s->dh;
+    uint16_t *in = malloc(sizeof(uint16_t) * (size_t)(nq + 2 * nkv));
+    uint16_t *out = malloc(sizeof(uint16_t) * (size_t)nq);
+    double *r64 = malloc(sizeof(double) * (size_t)nq);
+    if (!in || !out || !r64) {
+        fprintf(stderr, "mha-validate: out of memory\n");
+        exit(2);
+    }
+    for (int64_t i = 0; i < nq + 2 * nkv; i++)
+        in[i] = t == MHA_F16 ? mha_f32_to_f16(qkv_in[i]) : mha_f32_to_bf16(qkv_in[i]);
+    const float *q = (const float *)in, *k = (const float *)(in + nq);
+    const float *v = (const float *)(in + nq + nkv);
+    const mha_attn_dims d = {s->B, s->H, s->Hkv, s->Sq, s->Skv, s->dh, 0, t};
+    ref_attention(&d, q, k, v, 1.0 / sqrt((double)s->dh), mask, r64, MHA_LAYOUT_BSHD);
+    for (int isa = MHA_ISA_SCALAR; isa < MHA_ISA_COUNT; isa++) {
+        if (!mha_isa_available((mha_isa)isa))
+            continue;
+        check(mha_isa_force((mha_isa)isa), "mha_isa_force");
+        check(mha_attention(&d, q, k, v, 1.0f / sqrtf((float)s->dh), mask, (float *)out,
+                            MHA_LAYOUT_BSHD), "mha_attention");
+        record_typed(isa == MHA_ISA_SCALAR ? &stats_ref[kernel] : &stats[kernel][isa], t, out, r64,
+                     nq, TOL_REF);
+    }
+    free(in), free(out), free(r64);
 }
 
 /* Outputs of one ISA for one shape and mask. */
@@ -177,6 +239,8 @@ static void validate_shape(const shape *s, int with_float64)
                           &masks[m], r64, MHA_LAYOUT_BSHD);
             record(&stats_ref[KERNEL_ATTN], ref.attn, r64, nq, TOL_REF);
             free(r64);
+            validate_attention_16bit(s, qkv_in, &masks[m], MHA_F16, KERNEL_ATTN_F16);
+            validate_attention_16bit(s, qkv_in, &masks[m], MHA_BF16, KERNEL_ATTN_BF16);
         }
         double *r[NKERNEL] = {to_double(ref.qkv, 3 * nq), to_double(ref.attn, nq),
                               to_double(ref.split, nq),
@@ -413,16 +477,17 @@ static void print_cpu(void)
 static int print_table(void)
 {
     int failed = 0;
-    printf("\n%-12s %-7s %7s %12s %12s %10s  %s\n", "kernel", "isa", "checks", "max abs err",
+    printf("\n%-14s %-7s %7s %12s %12s %10s  %s\n", "kernel", "isa", "checks", "max abs err",
            "max rel err", "err/tol", "result");
     for (int k = 0; k < NKERNEL; k++) {
+        const int typed = k == KERNEL_ATTN_F16 || k == KERNEL_ATTN_BF16;
         const stat_cell *c = &stats_ref[k];
         if (c->checks) {
             const int ok = c->ratio <= 1.0;
             failed |= !ok;
-            printf("%-12s %-7s %7ld %12.3g %12.3g %10.3f  %s (scalar vs float64, tol %g)\n",
+            printf("%-14s %-7s %7ld %12.3g %12.3g %10.3f  %s (scalar vs float64, tol %g%s)\n",
                    kernel_names[k], "scalar", c->checks, c->abs_err, c->rel_err, c->ratio,
-                   ok ? "ok" : "FAIL", TOL_REF);
+                   ok ? "ok" : "FAIL", TOL_REF, typed ? " + half an ulp of the type" : "");
         }
         for (int isa = MHA_ISA_SCALAR + 1; isa < MHA_ISA_COUNT; isa++) {
             c = &stats[k][isa];
@@ -430,10 +495,13 @@ static int print_table(void)
                 continue;
             const int ok = c->ratio <= 1.0;
             failed |= !ok;
-            printf("%-12s %-7s %7ld %12.3g %12.3g %10.3f  %s (vs scalar, tol %s)\n", kernel_names[k],
+            printf("%-14s %-7s %7ld %12.3g %12.3g %10.3f  %s (%s)\n", kernel_names[k],
                    mha_isa_name((mha_isa)isa), c->checks, c->abs_err, c->rel_err,
                    k == KERNEL_SPLIT ? (c->abs_err == 0 ? 0.0 : INFINITY) : c->ratio,
-                   ok ? "ok" : "FAIL", k == KERNEL_SPLIT ? "exact" : "1e-05");
+                   ok ? "ok" : "FAIL",
+                   k == KERNEL_SPLIT ? "vs scalar, tol exact"
+                   : typed           ? "vs float64, tol 2e-05 + half an ulp of the type"
+                                     : "vs scalar, tol 1e-05");
         }
     }
     return failed;
