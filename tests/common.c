@@ -444,15 +444,6 @@ void test_pool_stop(test_pool *p)
 }
 
 /* One unit in the last place of r in type t (1 ulp of f32 for f32). */
-static double ulp_of(mha_dtype t, double r)
-{
-    const int bits = t == MHA_F16 ? 10 : t == MHA_BF16 ? 7 : 23;
-    const int emin = t == MHA_F16 ? -14 : -126;
-    int e = r == 0.0 ? emin : (int)floor(log2(fabs(r)));
-    e = e < emin ? emin : e;
-    return ldexp(1.0, e - bits);
-}
-
 double typed_ratio(mha_dtype t, const double *a, const double *r, int64_t n, double tol)
 {
     double worst = 0.0;
@@ -462,7 +453,7 @@ double typed_ratio(mha_dtype t, const double *a, const double *r, int64_t n, dou
                 return INFINITY;
             continue;
         }
-        const double slack = (t == MHA_F32 ? 0.0 : ulp_of(t, r[i])) + tol * (1.0 + fabs(r[i]));
+        const double slack = (t == MHA_F32 ? 0.0 : ref_ulp(t, r[i])) + tol * (1.0 + fabs(r[i]));
         worst = fmax(worst, fabs(a[i] - r[i]) / slack);
     }
     return worst;

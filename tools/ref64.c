@@ -47,6 +47,15 @@ double ref_value(mha_dtype t, const void *row, int64_t i)
 }
 
 /* Bytes of one element (of a 32-value block for q8_0): the unit of strides. */
+double ref_ulp(mha_dtype t, double r)
+{
+    const int bits = t == MHA_F16 ? 10 : t == MHA_BF16 ? 7 : 23;
+    const int emin = t == MHA_F16 ? -14 : -126;
+    int e = r == 0.0 ? emin : (int)floor(log2(fabs(r)));
+    e = e < emin ? emin : e;
+    return ldexp(1.0, e - bits);
+}
+
 static int64_t unit_bytes(mha_dtype t)
 {
     return t == MHA_Q8_0 ? 34 : t == MHA_F32 ? 4 : 2;

@@ -10,6 +10,9 @@
 
 /* Value i of a row of type t, exactly. */
 double ref_value(mha_dtype t, const void *row, int64_t i);
+/* The gap between values of the 16-bit type t (f16: 10 fraction bits, bf16: 7; else
+   f32's 23) around r, subnormals included. */
+double ref_ulp(mha_dtype t, double r);
 
 /* q [B][H][Sq][dh], k [B][Hkv][Skv][dh], v [B][Hkv][Skv][dv] of dims->dtype (dv =
    v_head_dim, or dh when 0); out [B][H][Sq][dv] or [B][Sq][H*dv] as layout says. */

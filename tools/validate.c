@@ -110,14 +110,6 @@ static int check(mha_status st, const char *what)
     return 0;
 }
 
-/* The gap between values of type t around r (f16: 10 fraction bits, bf16: 7). */
-static double ulp_of(mha_dtype t, double r)
-{
-    const int bits = t == MHA_F16 ? 10 : 7, emin = t == MHA_F16 ? -14 : -126;
-    int e = r == 0.0 ? emin : (int)floor(log2(fabs(r)));
-    return ldexp(1.0, (e < emin ? emin : e) - bits);
-}
-
 /* record for n values of type t at a: an output rounded once to t may differ from r
    by half an ulp of t on top of tol. */
 static void record_typed(stat_cell *c, mha_dtype t, const void *a, const double *r, int64_t n,
@@ -125,7 +117,7 @@ static void record_typed(stat_cell *c, mha_dtype t, const void *a, const double 
 {
     for (int64_t i = 0; i < n; i++) {
         const double x = mha_load_value(t, a, i), e = fabs(x - r[i]);
-        double ratio = e / (0.5 * ulp_of(t, r[i]) + tol + tol * fabs(r[i]));
+        double ratio = e / (0.5 * ref_ulp(t, r[i]) + tol + tol * fabs(r[i]));
         if (isnan(x) != isnan(r[i]) || isinf(ratio) || isnan(ratio))
             ratio = INFINITY;
         c->ratio = ratio > c->ratio ? ratio : c->ratio;

@@ -192,11 +192,8 @@ static void pack_qt_bf16(pass *ps)
     const int32_t pairs = ps->blk->dk / 2;
     for (int32_t r = 0; r < ps->rp; r++)
         for (int32_t p = 0; p < pairs; p++) {
-            uint32_t even = 0, odd = 0;
-            if (r < ps->nr) {
-                memcpy(&even, ps->q[r] + 2 * p, sizeof even);
-                memcpy(&odd, ps->q[r] + 2 * p + 1, sizeof odd);
-            }
+            const uint32_t even = r < ps->nr ? mha_f32_bits(ps->q[r][2 * p]) : 0;
+            const uint32_t odd = r < ps->nr ? mha_f32_bits(ps->q[r][2 * p + 1]) : 0;
             ps->qt2[(int64_t)p * ps->rp + r] = even >> 16 | (odd & 0xffff0000u);
         }
 }
@@ -396,8 +393,8 @@ static inline __attribute__((always_inline)) vf load_kv(const int T, const char 
  * per block, then vf_reduce_lanes, which sums every lane in the same order, so that
  * a score does not depend on its slot. */
 static SIMD_INSTANCE void dot_tile(const float *q, int32_t dk,
-                                                           const char *const *k, float *s,
-                                                           const int R, const int T)
+                                   const char *const *k, float *s,
+                                   const int R, const int T)
 {
     const int KS = DOT_SCORES / R;
     const int CH = T == MHA_Q8_0 ? MHA_Q8_BLOCK : VF_LANES; /* values per scale */
@@ -497,8 +494,8 @@ static int32_t dot_group(int32_t nr, int32_t r)
  * before its dot products and their V rows after them, so that the requests stay
  * spread while the FMAs run (a burst would stall on the fill buffers). */
 static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
-                                                           int32_t jt, const char *const *k,
-                                                           int pf, const int R, const int T)
+                                   int32_t jt, const char *const *k,
+                                   int pf, const int R, const int T)
 {
     const int KS = DOT_SCORES / R;
     const int32_t dk = ps->blk->dk;
@@ -531,7 +528,7 @@ __attribute__((noinline)) static void dot_steps(pass *ps, int32_t r0, int32_t j,
  * step for every row group; while K and V stream, the first group asks for the
  * keys one tile ahead. Keys no row sees are not read (-inf). */
 static SIMD_INSTANCE void scores_dot_as(pass *ps, int32_t j0, int32_t jn,
-                                                                const int T)
+                                        const int T)
 {
     const int32_t nr = ps->nr;
     const int32_t jf = keys_from(ps->all, j0), jt = keys_to(ps->all, j0, jn);
@@ -827,8 +824,8 @@ _Static_assert(DOT_COLS(4) % 2 == 0, "sweeps of whole bf16 pairs");
  * q8_0 block or covers whole ones (dv % 32 == 0): each block's scale is loaded once
  * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. */
 static SIMD_INSTANCE void pv_sweep(
-    int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
-    const float *alpha, int32_t last, const int R, const int T, const int NV, const int MASKED)
+                                   int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
+                                   const float *alpha, int32_t last, const int R, const int T, const int NV, const int MASKED)
 {
     const int VPB = T == MHA_Q8_0 && NV * VF_LANES >= MHA_Q8_BLOCK ? MHA_Q8_BLOCK / VF_LANES : NV;
     vf acc[4 * 8];
@@ -879,8 +876,8 @@ SIMD_UNROLL(32)
  * applies alpha. One instance per (R, T), out of line as dot_tiles. */
 enum { DOT_PV_KEYS = 32 };
 static SIMD_INSTANCE void pv_rows_as(
-    int32_t jn, const float *p, int32_t pp, const char *const *vr, float *const *o,
-    const float *alpha, int32_t dv, const int R, const int T)
+                                     int32_t jn, const float *p, int32_t pp, const char *const *vr, float *const *o,
+                                     const float *alpha, int32_t dv, const int R, const int T)
 {
     for (int32_t j0 = 0; j0 < jn; j0 += DOT_PV_KEYS) {
         const int32_t kn = jn - j0 < DOT_PV_KEYS ? jn - j0 : DOT_PV_KEYS;
