@@ -17,6 +17,10 @@
 //   modifier   mha_attention with a sliding window, softcap, ALiBi slopes or
 //              sinks; reference: the same call without it (ALiBi: as a dense
 //              bias [1][H][S][S])
+//   step       a decode step of a whole layer (mha_layer_step: projections, the
+//              new K, V row appended at position seq_kv - 1, attention over
+//              seq_kv keys, output projection) on a paged cache; reference: the
+//              same cache contiguous
 //
 // Counters (Google Benchmark JSON, one entry per benchmark):
 //   GFLOP/s    FLOP per call x calls / seconds / 1e9, FLOP counted as
@@ -38,6 +42,7 @@
 //           %read      GB/s over read_GB/s
 //   prefill, modifier: GFLOP/s, %peak, %isa_peak with the FLOP that the mask
 //              leaves: 4*dh per (row, visible key) per (b, h)
+//   step       the same, plus the GEMM FLOP of the three projections
 //
 // The peaks are measured before the benchmarks (for the counters above) and run
 // again as benchmarks peak/fma/<isa> and peak/memcpy/64MiB at the start and the
@@ -95,9 +100,9 @@ const PeakLoop kPeakLoops[] = {MHA_ISA_BUILT(MHA_BENCH_PEAK_LOOP_)};
 // Kernel families, as named in benchmark names: <family>/<shape>/<implementation>.
 // ALL: the four of the dense shapes (kShapes); the last three run on kCases.
 enum Family { QKV = 1, ATTENTION = 2, TRANSPOSE = 4, LAYER = 8, ALL = 15, DECODE = 16,
-              PREFILL = 32, MODIFIER = 64 };
+              PREFILL = 32, MODIFIER = 64, STEP = 128 };
 const char *const kFamilyNames[] = {"qkv",    "attention", "transpose", "layer",
-                                    "decode", "prefill",   "modifier"};
+                                    "decode", "prefill",   "modifier",  "step"};
 
 // d_model = heads * head_dim is both the input width and the output width.
 struct Shape {
@@ -213,6 +218,12 @@ const Case kCases[] = {
      0, REF_CONTIG, 0.95, false, MHA_F32, 16},
     {"prefill-c512-s4096-paged256", "prefill-paged", PREFILL, 1, 32, 8, 128, 512, 4096, NO_MODIFIER,
      0, REF_CONTIG, 0.95, false, MHA_F32, 256},
+    // A Llama-3-8B-like layer's decode step (d_model 4096), paged against contiguous.
+#define PAGED_STEP_(b, t, name, bs)                                                                 \
+    {"step-b" #b "-s4096-" name "-paged" #bs, "step-paged", STEP, b, 32, 8, 128, 1, 4096,           \
+     NO_MODIFIER, 0, REF_CONTIG, 0.95, false, t, bs},
+    PAGED_STEP_(8, MHA_F32, "f32", 16) PAGED_STEP_(8, MHA_F16, "f16", 16)
+#undef PAGED_STEP_
     {"window1024-s8192", "window", MODIFIER, 1, 12, 12, 64, 8192, 8192, WINDOW, 1024, REF_PLAIN, 3,
      false},
     {"softcap50-s2048", "softcap", MODIFIER, 1, 12, 12, 64, 2048, 2048, SOFTCAP, 50, REF_PLAIN, 0.8,
@@ -283,7 +294,12 @@ double case_flops(const Case &c, bool ref)
         const double seen = (double)(c.seq_kv - sq + i + 1);
         keys += windowed ? std::min(seen, (double)c.value) : seen;
     }
-    return 4.0 * c.batch * c.heads * c.head_dim * keys;
+    const double attention = 4.0 * c.batch * c.heads * c.head_dim * keys;
+    if (c.family != STEP)
+        return attention;
+    const double e = (double)c.heads * c.head_dim, rows = (double)c.batch * c.seq_q;
+    return attention + gemm_flops(rows, (double)(c.heads + 2 * c.kv_heads) * c.head_dim, e)
+           + gemm_flops(rows, e, e);
 }
 
 // What a case's rate counts per call: K and V bytes for decode, FLOP otherwise.
@@ -350,24 +366,20 @@ std::vector<uint16_t> to_16bit(const std::vector<float> &x, mha_dtype t)
     return y;
 }
 
-ShapeData &shape_data(const Shape &s)
+// A layer of d_model = heads * head_dim in and out, GQA on kv_heads, with
+// nn.Linear-like random weights and biases; nullptr when creation fails.
+mha_layer *make_layer(int32_t heads, int32_t kv_heads, int32_t head_dim)
 {
-    static std::map<std::string, std::unique_ptr<ShapeData>> cache;
-    std::unique_ptr<ShapeData> &slot = cache[s.name];
-    if (slot)
-        return *slot;
-    slot = std::make_unique<ShapeData>();
-    ShapeData &d = *slot;
-    const int64_t e = d_model(s), ekv = (int64_t)s.kv_heads * s.head_dim;
+    const int64_t e = (int64_t)heads * head_dim, ekv = (int64_t)kv_heads * head_dim;
     const float w_scale = 1.0f / std::sqrt((float)e); // nn.Linear's init range
     std::vector<float> wq = uniform(e * e, w_scale, 1), wk = uniform(ekv * e, w_scale, 2);
     std::vector<float> wv = uniform(ekv * e, w_scale, 3), wo = uniform(e * e, w_scale, 4);
     std::vector<float> bq = uniform(e, w_scale, 5), bk = uniform(ekv, w_scale, 6);
     std::vector<float> bv = uniform(ekv, w_scale, 7), bo = uniform(e, w_scale, 8);
     mha_layer_desc desc = {};
-    desc.heads = s.heads;
-    desc.kv_heads = s.kv_heads;
-    desc.head_dim = s.head_dim;
+    desc.heads = heads;
+    desc.kv_heads = kv_heads;
+    desc.head_dim = head_dim;
     desc.q_in = (int32_t)e;
     desc.out_dim = (int32_t)e;
     desc.w_q = wq.data();
@@ -378,9 +390,20 @@ ShapeData &shape_data(const Shape &s)
     desc.b_v = bv.data();
     desc.w_o = wo.data();
     desc.b_o = bo.data();
-    mha_status st = mha_layer_create(&desc, &d.layer);
-    if (st != MHA_OK)
-        d.layer = nullptr;
+    mha_layer *layer = nullptr;
+    return mha_layer_create(&desc, &layer) == MHA_OK ? layer : nullptr;
+}
+
+ShapeData &shape_data(const Shape &s)
+{
+    static std::map<std::string, std::unique_ptr<ShapeData>> cache;
+    std::unique_ptr<ShapeData> &slot = cache[s.name];
+    if (slot)
+        return *slot;
+    slot = std::make_unique<ShapeData>();
+    ShapeData &d = *slot;
+    const int64_t e = d_model(s), ekv = (int64_t)s.kv_heads * s.head_dim;
+    d.layer = make_layer(s.heads, s.kv_heads, s.head_dim);
     d.x = uniform(tokens(s) * e, 1.0f, 9);
     d.q = uniform(tokens(s) * e, 1.0f, 10);
     d.k = uniform(tokens(s) * ekv, 1.0f, 11);
@@ -533,6 +556,10 @@ struct CaseData {
     std::vector<float> q_full;  // REF_FULL: [B][H][seq_kv][dh]
     std::vector<float> per_head; // [H]: ALiBi slopes or sinks
     std::vector<float> bias;     // REF_DENSE: the ALiBi bias [1][H][S][S]
+    // STEP: the layer, its input x [B][seq_q][H*dh] and its workspace.
+    std::unique_ptr<mha_layer, void (*)(mha_layer *)> layer{nullptr, mha_layer_destroy};
+    std::vector<float> x;
+    std::vector<unsigned char> ws;
     // The case's cache (its type, paged or not) and its reference's (f32, or the
     // same type contiguous), each over its own buffers.
     struct Cache {
@@ -599,6 +626,11 @@ CaseData &case_data(const Case &c)
         if (c.ref == REF_CONTIG)
             build_cache(c, d, c.kv_type, 0, d.ref_cache);
     }
+    if (c.family == STEP) {
+        d.layer.reset(make_layer(c.heads, c.kv_heads, c.head_dim));
+        d.x = uniform((int64_t)c.batch * c.seq_q * c.heads * c.head_dim, 1.0f, 24);
+        d.ws.resize(mha_layer_step_workspace_size(d.layer.get(), c.batch, c.seq_q));
+    }
     if (c.ref == REF_DENSE) {
         const int64_t n = c.seq_kv;
         d.bias.resize((size_t)(c.heads * n * n));
@@ -640,6 +672,11 @@ mha_status case_call(const Case &c, CaseData &d, bool ref, std::vector<float> &o
     const mha_kv_cache &cache = ref ? d.ref_cache.c : d.cache.c;
     if (!cache.k)
         return MHA_ERR_NOMEM;
+    if (c.family == STEP) {
+        std::vector<int32_t> lens((size_t)c.batch, c.seq_kv - c.seq_q);
+        return mha_layer_step(d.layer.get(), d.x.data(), c.seq_q, &cache, lens.data(), &mask,
+                              out.data(), d.ws.data(), d.ws.size());
+    }
     const std::vector<int32_t> lens((size_t)c.batch, c.seq_kv);
     return mha_attention_cached(&cache, lens.data(), d.q.data(), c.heads, c.seq_q, scale, &mask,
                                 out.data(), MHA_LAYOUT_BHSD, nullptr);

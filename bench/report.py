@@ -61,8 +61,9 @@ PEERS = {
         "openvino": ("OpenVINO", "OpenVINO MatMul + SDPA"),
     },
 }
-CACHED = ("decode", "prefill", "modifier")  # the families of bench/main.cc's kCases
-for _family in CACHED:
+CACHED = ("decode", "prefill", "modifier", "step")  # the families of bench/main.cc's kCases
+PEERS["step"] = {}  # a whole layer's decode step: against its own reference only
+for _family in ("decode", "prefill", "modifier"):
     PEERS[_family] = {
         "ort_gqa": ("ORT GQA", "ONNX Runtime com.microsoft GroupQueryAttention"),
         "torch_sdpa": ("torch SDPA", "torch scaled_dot_product_attention"),
@@ -78,6 +79,7 @@ FAMILY_TITLES = {
     "decode": "decode (one query row per sequence on a KV cache)",
     "prefill": "chunked prefill",
     "modifier": "score modifiers",
+    "step": "whole-layer decode step",
 }
 # What libmha's <isa>-ref runs, per the case's "reference" (bench/main.cc).
 REFERENCES = {
@@ -321,6 +323,10 @@ def case_text(family, s, info):
         return f"B={b} Skv={n} {heads}, {kind}, K+V {mib(kv)}{where}"
     if family == "prefill":
         return f"B={b} {sq} rows onto {n - sq} cached, {heads} causal, {kind}"
+    if family == "step":
+        e, ekv = h * dh, hkv * dh
+        return (f"B={b} {sq} row onto {n - sq} cached, d_model {e}, {heads}, {kind}, "
+                f"weights {mib(4.0 * (2 * e * e + 2 * e * ekv))}")
     mod = {"window": f"window {s['value']:g}", "softcap": f"softcap {s['value']:g}",
            "alibi": "ALiBi slopes", "sinks": "sinks"}[s["modifier"]]
     return f"B={b} S={n} {heads} causal, {mod}"
@@ -446,6 +452,12 @@ CASE_TEXT = {
     "row); \"vs reference\" is the time ratio. ORT GQA takes local_window_size, softcap, "
     "head_sink and, for ALiBi, the dense bias as attention_bias; torch SDPA gets the window "
     "as a boolean mask and ALiBi as an additive mask, and has no softcap or sinks.",
+    "step": "mha_layer_step on a Llama-3-8B-like layer: the Q, K, V projections of one "
+    "token per sequence, its K, V row appended to the cache, attention over all the rows, "
+    "the output projection. The reference is the same step on the same cache with "
+    "contiguous rows; \"vs reference\" is the time ratio. GFLOP/s count the three "
+    "projections' GEMM FLOP plus 4*dh per (b, h, key); the f32 weights and the cache "
+    "are read once per step.",
 }
 
 
@@ -547,8 +559,9 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
     by_reason = {}
     for sk in skipped:
         by_reason.setdefault(sk["reason"], []).append(f"{sk['family']}/{sk['shape']}/{sk['impl']}")
-    if any(any(f in s["families"] for f in CACHED) for s in shapes):
-        notes.append(f"- {', '.join(CACHED)}: OpenVINO is not run (peers.py times ONNX Runtime "
+    peered = [f for f in CACHED if PEERS[f]]
+    if any(any(f in s["families"] for f in peered) for s in shapes):
+        notes.append(f"- {', '.join(peered)}: OpenVINO is not run (peers.py times ONNX Runtime "
                      "GroupQueryAttention and torch SDPA there)")
     for why, keys in by_reason.items():
         if not any(why.startswith(f"{p} not available") for p in FRAMEWORKS):  # said above
@@ -580,6 +593,7 @@ HEADLINE = [
     ("decode", "paged decode", lambda s: s["block_size"], "largest"),
     ("prefill", "chunked prefill", contiguous("f32"), "largest"),
     ("modifier", "score modifier", lambda s: True, "each"),
+    ("step", "layer step, paged", lambda s: True, "each"),
 ]
 
 
