@@ -98,7 +98,7 @@ const PeakLoop kPeakLoops[] = {MHA_ISA_BUILT(MHA_BENCH_PEAK_LOOP_)};
 #undef MHA_BENCH_PEAK_LOOP_
 
 // Kernel families, as named in benchmark names: <family>/<shape>/<implementation>.
-// ALL: the four of the dense shapes (kShapes); the last three run on kCases.
+// ALL: the four of the dense shapes (kShapes); the last four run on kCases.
 enum Family { QKV = 1, ATTENTION = 2, TRANSPOSE = 4, LAYER = 8, ALL = 15, DECODE = 16,
               PREFILL = 32, MODIFIER = 64, STEP = 128 };
 const char *const kFamilyNames[] = {"qkv",    "attention", "transpose", "layer",

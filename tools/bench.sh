@@ -20,8 +20,8 @@
 #    CPU with AVX-512 (SkylakeX) or AVX2 (Haswell), unless it is set already;
 # 5. runs R rounds of mha-bench (libmha per ISA, OpenBLAS; the dense shapes,
 #    then the decode, chunked-prefill, score-modifier and layer-step cases,
-#    each next to its reference) then peers.py once per peer, each in its own process, same
-#    shapes and thread count;
+#    each next to its reference) then peers.py once per peer, each in its own
+#    process, same shapes and thread count;
 # 6. writes the report with bench/report.py (Debian's python3 and matplotlib).
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
