@@ -3,7 +3,8 @@
  * masking and normalisation) over the 16-lane layer of avx512/simd.h.
  *
  * Scores: an 8-key x 48-row tile (24 zmm accumulators) on packed scale*Q^T: per
- * d, 3 Q loads and 8 K broadcasts (embedded in the FMAs) for 24 FMAs.
+ * d, 3 Q loads and 8 K broadcasts (embedded in the FMAs) for 24 FMAs; a 12-key x
+ * 32-row tile for the rows past the pass's whole 48-row groups.
  * P.V: a 6-row x 64-column tile (24 accumulators): per key, 4 V loads and 6 p
  * broadcasts for 24 FMAs; head_dim tails take the layer's 6 x 16 opmask tile. With two
  * 512-bit FMA pipes of latency 4, 24 independent chains keep both busy. */
@@ -66,6 +67,54 @@ static void qk_tile(int32_t dc, const float *const kp[8], const float *qt, int32
     }
     QK_EACH_KEY(QK_STORE);
 }
+
+/* The narrow tile: st[i][0..32) (+)= sum_{d < dc} kp[i][d] qt[d][0..32) for 12 keys i,
+ * for the rows of a pass past its whole 48-row groups (a 128-row head is 48 + 48 +
+ * 32 rows, not 3 x 48): per d, 2 Q loads and 12 K broadcasts for 24 FMAs. */
+#define QKN_ROW(i, ci0, ci1)                                                      \
+    do {                                                                          \
+        const __m512 kb = _mm512_set1_ps(k##i[d]);                                \
+        ci0 = _mm512_fmadd_ps(kb, q0, ci0);                                       \
+        ci1 = _mm512_fmadd_ps(kb, q1, ci1);                                       \
+    } while (0)
+#define QKN_LOAD(i, ci0, ci1) (ci0 = _mm512_load_ps(st + (i) * rp), ci1 = _mm512_load_ps(st + (i) * rp + 16))
+#define QKN_STORE(i, ci0, ci1) (_mm512_store_ps(st + (i) * rp, ci0), _mm512_store_ps(st + (i) * rp + 16, ci1))
+#define QKN_EACH_KEY(OP)                                                                  \
+    OP(0, c00, c01);                                                                      \
+    OP(1, c10, c11);                                                                      \
+    OP(2, c20, c21);                                                                      \
+    OP(3, c30, c31);                                                                      \
+    OP(4, c40, c41);                                                                      \
+    OP(5, c50, c51);                                                                      \
+    OP(6, c60, c61);                                                                      \
+    OP(7, c70, c71);                                                                      \
+    OP(8, c80, c81);                                                                      \
+    OP(9, c90, c91);                                                                      \
+    OP(10, ca0, ca1);                                                                     \
+    OP(11, cb0, cb1)
+
+__attribute__((noinline))
+static void qk_tile_narrow(int32_t dc, const float *const kp[12], const float *qt, int32_t rp,
+                           float *st, int accumulate)
+{
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
+    __m512 c90 = c00, c91 = c00, ca0 = c00, ca1 = c00, cb0 = c00, cb1 = c00;
+    if (accumulate) {
+        QKN_EACH_KEY(QKN_LOAD);
+    }
+    const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3], *k4 = kp[4], *k5 = kp[5];
+    const float *k6 = kp[6], *k7 = kp[7], *k8 = kp[8], *k9 = kp[9], *k10 = kp[10], *k11 = kp[11];
+    for (int32_t d = 0; d < dc; d++) {
+        const float *q = qt + (int64_t)d * rp;
+        const __m512 q0 = _mm512_load_ps(q), q1 = _mm512_load_ps(q + 16);
+        QKN_EACH_KEY(QKN_ROW);
+    }
+    QKN_EACH_KEY(QKN_STORE);
+}
+#define QK_NARROW_KEYS 12
+#define QK_NARROW_ROWS 32
 
 /* o[i][0..64) = alpha[i] o[i] + sum_{j < jn} p[j*pp + i] v[j][0..64) for 6 rows i,
  * storing the first `valid` rows; named accumulators as in qk_tile. */

@@ -7,6 +7,11 @@
  *   QK_KEYS x QK_ROWS   score tile: st[j][r] (+)= sum_d K[j][d] qt[d][r] over a
  *                       dk chunk, QK_ROWS a multiple of VF_LANES
  *       qk_tile(dc, kp[QK_KEYS], qt, rp, st, accumulate)
+ *   QK_NARROW_KEYS x QK_NARROW_ROWS
+ *                       optional (QK_NARROW_ROWS defined): the same over fewer rows,
+ *                       a multiple of VF_LANES, with BC % QK_NARROW_KEYS == 0, for the
+ *                       rows past a pass's whole QK_ROWS groups
+ *       qk_tile_narrow(dc, kp[QK_NARROW_KEYS], qt, rp, st, accumulate)
  *   PV_ROWS x PV_COLS   o[i] = alpha[i] o[i] + sum_j p[j*pp + i] v[j] for PV_ROWS
  *                       rows, storing the first `valid` (the last dv % PV_COLS
  *                       columns go through pv_tail below, VF_LANES at a time)
@@ -22,7 +27,8 @@
  *                       they sit in L2 (multiples of QK_ROWS)
  *
  * Layout. Q is packed once per pass transposed and scaled, qt[d][r] (rows padded
- * with zeros to a multiple of QK_ROWS), so the score tile is computed
+ * with zeros to whole score groups: wide ones of QK_ROWS, then narrow ones where
+ * they pad fewer rows), so the score tile is computed
  * transposed, broadcasting K straight from memory: no per-tile packing of K.
  * A pass of at most DOT_ROWS rows (decode: the query heads of one kv head, a row
  * or a few each) would waste most of those row lanes; it takes dot products
@@ -88,6 +94,12 @@
 #define SIMD_INSTANCE inline __attribute__((always_inline))
 #endif
 
+#ifndef QK_NARROW_ROWS /* no narrow score tile: every group is a wide one */
+#define QK_NARROW_ROWS QK_ROWS
+#define QK_NARROW_KEYS QK_KEYS
+#define qk_tile_narrow qk_tile
+#endif
+
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
     KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
@@ -96,7 +108,8 @@ enum {
     PAIR = 2 * VF_LANES,      /* values of a bf16 pair load (vf_load_bf16_pair) */
 };
 _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
-                   && QK_ROWS % VF_LANES == 0 && RB % VF_LANES == 0,
+                   && QK_ROWS % VF_LANES == 0 && RB % VF_LANES == 0 && BC % QK_NARROW_KEYS == 0
+                   && QK_NARROW_ROWS % VF_LANES == 0 && QK_NARROW_ROWS <= QK_ROWS,
                "tile sizes of the ISA's attention");
 
 /* Rows per pass: RB_L2 keep a pass's tiles in L1 when K and V come from L2;
@@ -115,10 +128,17 @@ typedef struct span {
 
 _Static_assert(PV_ROWS >= 4, "P.V row groups of the pass's spans");
 
+/* A score group: rows [r0, r0 + rows) of qt and st, scored by the wide tile (rows
+ * QK_ROWS) or the narrow one, and the keys its rows see. */
+typedef struct qk_group {
+    int32_t r0, rows;
+    span keys;
+} qk_group;
+
 /* The state of one pass over up to RB query rows: the block's scratch. */
 typedef struct pass {
     const mha_attn_block *blk;
-    int32_t nr, rp;  /* rows, and rows padded to a multiple of QK_ROWS (the pitch of qt, st);
+    int32_t nr, rp;  /* rows, and rows padded to whole score groups (the pitch of qt, st);
                         for dot products to a power of two below VF_LANES, else a multiple of it */
     int32_t kpv;     /* keys per vector of st: VF_LANES / rp when rp < VF_LANES, else 1 */
     int32_t dc;      /* dk chunk of the packed Q^T: QT_FLOATS / rp, a multiple of 32 */
@@ -130,7 +150,9 @@ typedef struct pass {
     int32_t ke_min;  /* the smallest kv_end of the pass's rows */
     int32_t kb_max;  /* the largest kv_begin of the pass's rows */
     int32_t jmax;    /* the end of the keys the pass reads */
-    span all, qk[RB / QK_ROWS], pv[RB / 4]; /* keys seen by the pass, its score and P.V groups */
+    span all, pv[RB / 4]; /* keys seen by the pass, and by its P.V groups */
+    qk_group qk[RB / VF_LANES]; /* the score groups, nqk of them */
+    int32_t nqk;
     int stream;      /* K and V exceed L2 (a dot pass: the call's, kv_far, as its chunk
                         may be small but come from far): prefetch them (prefetch_row) */
     int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
@@ -306,29 +328,36 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
             const int32_t cw = d0 + dc - ds < cstep ? d0 + dc - ds : cstep;
             if (!ps->direct && !ps->bf16dp)
                 stage(ps->blk->kv_type, ps->kst, ps->kr, 0, jn, ds, cw);
-            for (int32_t jg = 0; jg < jn; jg += QK_KEYS) {
-                const float *kp[QK_KEYS];
-                for (int i = 0; i < QK_KEYS; i++) { /* keys past the tile repeat its last one */
-                    const int32_t j = jg + i < jn ? jg + i : jn - 1;
-                    kp[i] = ps->bf16dp   ? (const float *)ps->kr[j] /* bf16 pairs in place */
-                            : ps->direct ? (const float *)ps->kr[j] + ds
-                                         : ps->kst + (int64_t)j * STAGE_D;
-                }
-                for (int32_t rg = 0; rg < ps->rp; rg += QK_ROWS) {
-                    float *st = ps->st + jg * ps->rp + rg;
-                    const span sp = ps->qk[rg / QK_ROWS];
-                    if (jg < keys_to(sp, j0, jn) && jg + QK_KEYS > keys_from(sp, j0)) {
-#ifdef QK_BF16DP
-                        if (ps->bf16dp) {
-                            qk_tile_bf16dp(dh / 2, kp, ps->qt2 + rg, ps->rp, st, ps->blk->scale);
-                            continue;
-                        }
-#endif
-                        qk_tile(cw, kp, ps->qt + (int64_t)(ds - d0) * ps->rp + rg, ps->rp, st, ds > 0);
-                    } else if (ds == 0)
-                        for (int i = 0; i < QK_KEYS; i++)
-                            for (int32_t c = 0; c < QK_ROWS; c += VF_LANES)
+            for (int32_t g = 0; g < ps->nqk; g++) {
+                const qk_group gr = ps->qk[g];
+                const int wide = gr.rows == QK_ROWS;
+                const int32_t keys = wide ? QK_KEYS : QK_NARROW_KEYS;
+                for (int32_t jg = 0; jg < jn; jg += keys) {
+                    float *st = ps->st + jg * ps->rp + gr.r0;
+                    if (jg >= keys_to(gr.keys, j0, jn) || jg + keys <= keys_from(gr.keys, j0)) {
+                        for (int32_t i = 0; ds == 0 && i < keys; i++)
+                            for (int32_t c = 0; c < gr.rows; c += VF_LANES)
                                 vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
+                        continue;
+                    }
+                    const float *kp[QK_KEYS > QK_NARROW_KEYS ? QK_KEYS : QK_NARROW_KEYS];
+                    for (int i = 0; i < keys; i++) { /* keys past the tile repeat its last one */
+                        const int32_t j = jg + i < jn ? jg + i : jn - 1;
+                        kp[i] = ps->bf16dp   ? (const float *)ps->kr[j] /* bf16 pairs in place */
+                                : ps->direct ? (const float *)ps->kr[j] + ds
+                                             : ps->kst + (int64_t)j * STAGE_D;
+                    }
+#ifdef QK_BF16DP
+                    if (ps->bf16dp) { /* wide groups only (plan_groups) */
+                        qk_tile_bf16dp(dh / 2, kp, ps->qt2 + gr.r0, ps->rp, st, ps->blk->scale);
+                        continue;
+                    }
+#endif
+                    const float *qt = ps->qt + (int64_t)(ds - d0) * ps->rp + gr.r0;
+                    if (wide)
+                        qk_tile(cw, kp, qt, ps->rp, st, ds > 0);
+                    else
+                        qk_tile_narrow(cw, kp, qt, ps->rp, st, ds > 0);
                 }
             }
         }
@@ -989,12 +1018,31 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
     }
 }
 
-/* The pitch of st for nr rows: a multiple of QK_ROWS; a dot pass's, the power of two
- * at or above nr while below VF_LANES, else a multiple of VF_LANES. */
-static int32_t st_pitch(int32_t nr, int dot)
+/* The score groups of a pass of nr rows: wide ones, then narrow ones (when `narrow`),
+ * padding the fewest rows, then with the most wide ones; returns the rows they
+ * cover, the pitch of qt and st. */
+static int32_t plan_groups(pass *ps, int32_t nr, int narrow)
 {
-    if (!dot)
-        return (nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
+    int32_t wide = (nr + QK_ROWS - 1) / QK_ROWS, slim = 0;
+    for (int32_t a = wide - 1; narrow && a >= 0; a--) {
+        const int32_t b = (nr - a * QK_ROWS + QK_NARROW_ROWS - 1) / QK_NARROW_ROWS;
+        if (a * QK_ROWS + b * QK_NARROW_ROWS < wide * QK_ROWS + slim * QK_NARROW_ROWS)
+            wide = a, slim = b;
+    }
+    ps->nqk = wide + slim;
+    int32_t r0 = 0;
+    for (int32_t g = 0; g < ps->nqk; g++) {
+        ps->qk[g].r0 = r0;
+        ps->qk[g].rows = g < wide ? QK_ROWS : QK_NARROW_ROWS;
+        r0 += ps->qk[g].rows;
+    }
+    return r0;
+}
+
+/* The pitch of st for a dot pass of nr rows: the power of two at or above nr while
+ * below VF_LANES, else a multiple of VF_LANES. */
+static int32_t dot_pitch(int32_t nr)
+{
     int32_t p = 1;
     while (p < nr && p < VF_LANES)
         p *= 2;
@@ -1009,7 +1057,14 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->nr = nr;
     ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
     ps->paired = ps->dot && blk->kv_type == MHA_BF16;
-    ps->rp = st_pitch(nr, ps->dot);
+#ifdef QK_BF16DP
+    ps->bf16dp = QK_BF16DP_AVAILABLE() && !ps->dot && blk->q_bf16 && blk->kv_type == MHA_BF16
+                 && dk % 2 == 0
+                 && (int64_t)dk / 2 * ((nr + QK_ROWS - 1) / QK_ROWS * QK_ROWS) <= QT_FLOATS;
+#else
+    ps->bf16dp = 0;
+#endif
+    ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
     for (int32_t i = 0; i < VF_LANES; i++) {
         ps->lane_key[i] = i / ps->rp;
@@ -1061,8 +1116,10 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             for (int32_t r = nr; r < ps->rp; r++)
                 ps->st[j * ps->rp + r] = -INFINITY;
     ps->all = rows_span(ps, 0, nr);
-    for (int32_t rg = 0; !ps->dot && rg < ps->rp; rg += QK_ROWS)
-        ps->qk[rg / QK_ROWS] = rows_span(ps, rg, rg + QK_ROWS < nr ? rg + QK_ROWS : nr);
+    for (int32_t g = 0; !ps->dot && g < ps->nqk; g++) {
+        const int32_t r0 = ps->qk[g].r0, r1 = r0 + ps->qk[g].rows;
+        ps->qk[g].keys = rows_span(ps, r0, r1 < nr ? r1 : nr);
+    }
     const int32_t group = ps->dot ? 4 : PV_ROWS;
     for (int32_t rg = 0; rg < nr; rg += group)
         ps->pv[rg / group] = rows_span(ps, rg, rg + group < nr ? rg + group : nr);
@@ -1081,12 +1138,6 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             vf_storeu_n(ps->out[r] + d, dv - d, vf_zero());
     }
     ps->dc = QT_FLOATS / ps->rp / MHA_Q8_BLOCK * MHA_Q8_BLOCK; /* whole q8_0 blocks */
-#ifdef QK_BF16DP
-    ps->bf16dp = QK_BF16DP_AVAILABLE() && !ps->dot && blk->q_bf16 && blk->kv_type == MHA_BF16
-                 && dk % 2 == 0 && (int64_t)dk / 2 * ps->rp <= QT_FLOATS;
-#else
-    ps->bf16dp = 0;
-#endif
     if (ps->bf16dp) {
         ps->dc = dk; /* one chunk */
         pack_qt_bf16(ps);
