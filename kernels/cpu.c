@@ -5,7 +5,11 @@
  * AVX-512 needs F, BW, DQ and VL plus FMA and F16C, with opmask and ZMM state
  * saved too (XCR0 bits 5, 6 and 7); AVX512-BF16 (bf16 dot products) is an
  * extension the avx512 kernels use when present. AArch64: NEON is architectural. */
+#include <fcntl.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -85,4 +89,43 @@ int mha_cpu_avx512_bf16(void)
 #else
     return 0;
 #endif
+}
+
+/* The last-level cache that CPU 0 shares, from sysfs (a virtual machine's sysconf may
+ * report the whole socket's: 64 MiB on an EPYC whose 2 vCPUs share 8), else sysconf's
+ * L3, else 8 MiB. Read once; racing first calls read the same size. */
+static int64_t llc_read(void)
+{
+    int64_t bytes = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[64], text[32];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        const int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            break;
+        const ssize_t got = read(fd, text, sizeof text - 1);
+        close(fd);
+        text[got > 0 ? got : 0] = 0;
+        char *unit;
+        const long n = strtol(text, &unit, 10);
+        if (n > 0) /* "32768K"; the last index is the LLC */
+            bytes = (int64_t)n << (*unit == 'K' ? 10 : *unit == 'M' ? 20 : 0);
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (bytes <= 0)
+        bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return bytes > 0 ? bytes : (int64_t)8 << 20;
+}
+
+static _Atomic int64_t llc_bytes;
+
+int64_t mha_cpu_llc_bytes(void)
+{
+    int64_t n = atomic_load_explicit(&llc_bytes, memory_order_relaxed);
+    if (!n) {
+        n = llc_read();
+        atomic_store_explicit(&llc_bytes, n, memory_order_relaxed);
+    }
+    return n;
 }

@@ -32,7 +32,8 @@ enum {
     CHUNK_MIN = 256,
     CHUNK_LONG = 1024,
     CHUNK_ALIGN = 64,          /* chunk lengths are multiples of this */
-    KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are prefetched: a core's L2 (Zen 1) */
+    KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are past a core's L2 (Zen 1's); beyond
+                                  3/4 of the last-level cache, in memory (kv_far) */
 };
 
 /* Per-row arrays of a block, in the item's heap scratch (the stack stays small). */
@@ -160,9 +161,11 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
     p->a = *a;
     const int32_t keys = max_keys(a);
     cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, keys);
-    p->kv_far = (double)a->batch * a->kv_heads * keys
-                    * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv))
-                > KV_FAR_BYTES;
+    const double kv_bytes = (double)a->batch * a->kv_heads * keys
+                            * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv));
+    p->kv_far = kv_bytes <= KV_FAR_BYTES                               ? KV_IN_L2
+                : kv_bytes <= 0.75 * (double)mha_cpu_llc_bytes() ? KV_IN_LLC
+                                                                   : KV_IN_MEMORY;
     const int64_t items = p->blocks * p->chunks;
     const size_t partials = partial_bytes(p, a->dv);
     if (arena) {

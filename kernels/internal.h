@@ -81,8 +81,10 @@ static inline const char *mha_row(const mha_rows *r, int32_t j)
  * other rows' data, so that the thread count never changes a bit of the output.
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
  * the calling thread's alone: kernels keep their tiles and per-row state there;
- * the stack holds only registers' worth of vectors. kv_far: the call's K and V
- * are larger than a core's L2 (a hint: the kernel may prefetch them). */
+ * the stack holds only registers' worth of vectors. kv_far: where the call's K
+ * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2), KV_IN_LLC (most
+ * of the last-level cache) or KV_IN_MEMORY. */
+enum { KV_IN_L2, KV_IN_LLC, KV_IN_MEMORY };
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
@@ -216,6 +218,8 @@ void mha_scratch_free(mha_scratch *s);
 int mha_cpu_supports(mha_isa isa);
 /* cpu.c: nonzero when the CPU has AVX512-BF16 (read with the ISAs, once). */
 int mha_cpu_avx512_bf16(void);
+/* cpu.c: bytes of the last-level cache that CPU 0 shares (read at the first call only). */
+int64_t mha_cpu_llc_bytes(void);
 /* dispatch.c: the table of an ISA built in and supported here, else NULL. */
 const mha_kernels *mha_kernels_for(mha_isa isa);
 /* dispatch.c: the table calls use now (chosen once, thread-safely). */
@@ -278,7 +282,7 @@ typedef struct mha_attn_plan {
     mha_attn_args a;
     int32_t head_run, row_run, qblocks, hgroups, chunks, chunk_len;
     int64_t blocks;
-    int kv_far;                 /* K and V of the call exceed a core's L2 */
+    int kv_far;                 /* where K and V of the call fit: KV_IN_L2 .. KV_IN_MEMORY */
     mha_scratch scratch;
     float *part_out, *part_lse; /* per chunk, when chunks > 1 */
     _Atomic int32_t *merged;    /* per block, its chunks done (the last one merges) */

@@ -153,8 +153,10 @@ typedef struct pass {
     span all, pv[RB / 4]; /* keys seen by the pass, and by its P.V groups */
     qk_group qk[RB / VF_LANES]; /* the score groups, nqk of them */
     int32_t nqk;
-    int stream;      /* K and V exceed L2 (a dot pass: the call's, kv_far, as its chunk
-                        may be small but come from far): prefetch them (prefetch_row) */
+    int stream;      /* prefetch K and V (prefetch_row): a pass of many rows when they
+                        exceed L2; a dot pass, whose chunk may be small, when the call's
+                        come from memory (from the LLC the hardware's prefetchers serve
+                        them sooner: Zen 5, 4-16 MiB of a 32 MiB L3, 9-15% faster) */
     int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
                         else they are staged (converted, gathered) into kst and vst */
     int64_t ldv;     /* V's row pitch in floats, when direct */
@@ -1127,7 +1129,9 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->stream = blk->kv_far && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
+    ps->stream = ps->dot ? blk->kv_far == KV_IN_MEMORY
+                         : blk->kv_far != KV_IN_L2
+                               && (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
     ps->direct = blk->kv_type == MHA_F32 && !blk->k.table;
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
