@@ -334,9 +334,17 @@ static void attend_item(void *arg, int64_t item)
     block_rows *br = (block_rows *)slot;
     const int begins = mask && (mask->window > 0 || mask->key_starts);
     const int32_t nrows = at.heads * at.rows;
-    for (int32_t ii = 0; ii < at.rows; ii++) { /* a row's keys are the same in every head */
-        const row_keys k = visible(a, at.b, at.i0 + ii);
-        const int32_t end = clamp(k.end - c0, 0, cn), begin = clamp(k.begin - c0, 0, end);
+    /* A row's keys are the same in every head; without causality, a window, per-row
+       lengths or ALiBi, in every row too. */
+    const int same = !mask || !(mask->causal || mask->window > 0 || mask->query_key_lens
+                                || mask->alibi_slopes);
+    row_keys k = {0};
+    int32_t end = 0, begin = 0;
+    for (int32_t ii = 0; ii < at.rows; ii++) {
+        if (ii == 0 || !same) {
+            k = visible(a, at.b, at.i0 + ii);
+            end = clamp(k.end - c0, 0, cn), begin = clamp(k.begin - c0, 0, end);
+        }
         for (int32_t t = 0, r = ii; t < at.heads; t++, r += at.rows) {
             const int32_t h = at.h0 + t;
             br->kv_end[r] = end;
