@@ -20,8 +20,9 @@
 #    CPU with AVX-512 (SkylakeX) or AVX2 (Haswell), unless it is set already;
 # 5. runs R rounds of mha-bench (libmha per ISA, OpenBLAS; the dense shapes,
 #    then the decode, chunked-prefill, score-modifier and layer-step cases,
-#    each next to its reference) then peers.py once per peer, each in its own
-#    process, same shapes and thread count;
+#    each next to its reference, and the 64-key cached call, timed per call)
+#    then peers.py once per peer, each in its own process, same shapes and
+#    thread count;
 # 6. writes the report with bench/report.py (Debian's python3 and matplotlib).
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
@@ -34,7 +35,7 @@
 # --quick: 4 small shapes and one decode case, short runs, 1 round, ONNX
 # Runtime the only peer (CI smoke test, well under 2 minutes once built). Full:
 # every shape, every peer, 1 round, about 4-6.5 minutes on 2 cores, of which
-# the decode, prefill, modifier and step cases take about 1.5 (the first run also
+# the decode, prefill, modifier, step and call cases take about 1.5 (the first run also
 # downloads torch and its CUDA wheels, about 2.5 GB; up to 1 GiB of KV cache
 # per process); --rounds 2 or more alternates mha-bench
 # and the peers again, each entry keeping its best time. --shapes runs only the
