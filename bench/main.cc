@@ -60,7 +60,7 @@
 //   --shapes=A,B,...   only the shapes of these names (kShapes), quick or not
 //   --openblas-core    print the core OpenBLAS chose (openblas_get_corename;
 //                      nothing without OpenBLAS): tools/bench.sh sets
-//                      OPENBLAS_CORETYPE when it is a pre-AVX2 fallback
+//                      OPENBLAS_CORETYPE when it is older than the CPU's vectors
 //   --scalar-cap=G     skip the scalar ISA on calls above G GFLOP (default 4,
 //                      1 with --quick): it is 10-100x slower than SIMD
 #include <benchmark/benchmark.h>
