@@ -21,6 +21,9 @@
 //              new K, V row appended at position seq_kv - 1, attention over
 //              seq_kv keys, output projection) on a paged cache; reference: the
 //              same cache contiguous
+//   call       decode's call (mha_attention_cached, one row) on a cache so small
+//              (64 keys, K+V 64 KiB) that the call's fixed costs set its time: no
+//              reference and no plain read, the time per call against its target
 //
 // Counters (Google Benchmark JSON, one entry per benchmark):
 //   GFLOP/s    FLOP per call x calls / seconds / 1e9, FLOP counted as
@@ -43,6 +46,8 @@
 //   prefill, modifier: GFLOP/s, %peak, %isa_peak with the FLOP that the mask
 //              leaves: 4*dh per (row, visible key) per (b, h)
 //   step       the same, plus the GEMM FLOP of the three projections
+//   call       the same as prefill; the time per call is Google Benchmark's
+//              real_time, in us
 //
 // The peaks are measured before the benchmarks (for the counters above) and run
 // again as benchmarks peak/fma/<isa> and peak/memcpy/64MiB at the start and the
@@ -55,7 +60,7 @@
 //   --shapes=A,B,...   only the shapes of these names (kShapes), quick or not
 //   --openblas-core    print the core OpenBLAS chose (openblas_get_corename;
 //                      nothing without OpenBLAS): tools/bench.sh sets
-//                      OPENBLAS_CORETYPE when it is a pre-AVX2 fallback
+//                      OPENBLAS_CORETYPE when it is older than the CPU's vectors
 //   --scalar-cap=G     skip the scalar ISA on calls above G GFLOP (default 4,
 //                      1 with --quick): it is 10-100x slower than SIMD
 #include <benchmark/benchmark.h>
@@ -98,11 +103,11 @@ const PeakLoop kPeakLoops[] = {MHA_ISA_BUILT(MHA_BENCH_PEAK_LOOP_)};
 #undef MHA_BENCH_PEAK_LOOP_
 
 // Kernel families, as named in benchmark names: <family>/<shape>/<implementation>.
-// ALL: the four of the dense shapes (kShapes); the last four run on kCases.
+// ALL: the four of the dense shapes (kShapes); the last five run on kCases.
 enum Family { QKV = 1, ATTENTION = 2, TRANSPOSE = 4, LAYER = 8, ALL = 15, DECODE = 16,
-              PREFILL = 32, MODIFIER = 64, STEP = 128 };
-const char *const kFamilyNames[] = {"qkv",    "attention", "transpose", "layer",
-                                    "decode", "prefill",   "modifier",  "step"};
+              PREFILL = 32, MODIFIER = 64, STEP = 128, CALL = 256 };
+const char *const kFamilyNames[] = {"qkv",     "attention", "transpose", "layer", "decode",
+                                    "prefill", "modifier",  "step",      "call"};
 
 // d_model = heads * head_dim is both the input width and the output width.
 struct Shape {
@@ -155,7 +160,7 @@ const char *const kReferenceNames[] = {"none", "attention", "full",  "plain",
 // A case of cached or modified attention: the last seq_q rows of seq_kv
 // positions, causal. target: the stated goal for libmha's speed over its
 // reference, as report.py checks it (decode, modifier: time ratio; prefill:
-// GFLOP/s ratio); 0 when none is stated.
+// GFLOP/s ratio; call: the most microseconds a call may take); 0 when none is stated.
 struct Case {
     const char *name, *group;
     Family family;
@@ -224,6 +229,9 @@ const Case kCases[] = {
      NO_MODIFIER, 0, REF_CONTIG, 0.95, false, t, bs},
     PAGED_STEP_(8, MHA_F32, "f32", 16) PAGED_STEP_(8, MHA_F16, "f16", 16)
 #undef PAGED_STEP_
+    // The smallest decode call (one row over 64 keys, 8 heads on 2 kv heads of 64):
+    // its time is the library's fixed cost per call, with a target of 3 us.
+    {"call-b1-s64", "call", CALL, 1, 8, 2, 64, 1, 64, NO_MODIFIER, 0, NO_REF, 3, false},
     {"window1024-s8192", "window", MODIFIER, 1, 12, 12, 64, 8192, 8192, WINDOW, 1024, REF_PLAIN, 3,
      false},
     {"softcap50-s2048", "softcap", MODIFIER, 1, 12, 12, 64, 2048, 2048, SOFTCAP, 50, REF_PLAIN, 0.8,
@@ -1011,7 +1019,7 @@ void register_all(bool quick, double scalar_cap_gflop)
                 benchmark::RegisterBenchmark(name.c_str(), bm_case, &c, isa, ref)
                     ->UseManualTime()
                     ->MinTime(min_time)
-                    ->Unit(benchmark::kMillisecond);
+                    ->Unit(c.family == CALL ? benchmark::kMicrosecond : benchmark::kMillisecond);
             }
     }
     register_peaks(min_time);

@@ -11,7 +11,8 @@ Writes to --out-dir:
                   reference (<isa>-ref: mha_attention, the full causal
                   attention, the call without the modifier) and the stated
                   target of libmha over it; decode in GB/s and % of a plain
-                  read of the same K and V bytes
+                  read of the same K and V bytes; the cost of a call (a
+                  cached call on 64 keys) in µs per call, against its target
   headline.md     the short table for README (tools/publish_bench.sh puts it
                   there): a row per family or case group (one or two of its
                   shapes, HEADLINE), libmha's fastest ISA, its % of peak (of
@@ -61,8 +62,9 @@ PEERS = {
         "openvino": ("OpenVINO", "OpenVINO MatMul + SDPA"),
     },
 }
-CACHED = ("decode", "prefill", "modifier", "step")  # the families of bench/main.cc's kCases
+CACHED = ("decode", "prefill", "modifier", "step", "call")  # the families of bench/main.cc's kCases
 PEERS["step"] = {}  # a whole layer's decode step: against its own reference only
+PEERS["call"] = {}  # a call bound by its fixed costs: against its time target only
 for _family in ("decode", "prefill", "modifier"):
     PEERS[_family] = {
         "ort_gqa": ("ORT GQA", "ONNX Runtime com.microsoft GroupQueryAttention"),
@@ -80,6 +82,7 @@ FAMILY_TITLES = {
     "prefill": "chunked prefill",
     "modifier": "score modifiers",
     "step": "whole-layer decode step",
+    "call": "cost of a call (decode's call on a cache of a few keys)",
 }
 # What libmha's <isa>-ref runs, per the case's "reference" (bench/main.cc).
 REFERENCES = {
@@ -327,6 +330,8 @@ def case_text(family, s, info):
         e, ekv = h * dh, hkv * dh
         return (f"B={b} {sq} row onto {n - sq} cached, d_model {e}, {heads}, {kind}, "
                 f"weights {mib(4.0 * (2 * e * e + 2 * e * ekv))}")
+    if family == "call":
+        return f"B={b} {sq} row over {n} cached keys, {heads}, {kind}"
     mod = {"window": f"window {s['value']:g}", "softcap": f"softcap {s['value']:g}",
            "alibi": "ALiBi slopes", "sinks": "sinks"}[s["modifier"]]
     return f"B={b} S={n} {heads} causal, {mod}"
@@ -347,6 +352,22 @@ def target_cell(family, s, speedup):
     return f"{speedup:.2f}x ({goal}, {'met' if speedup >= t else 'missed'})"
 
 
+def microseconds(family, s, impl, by_key):
+    """The time of a call of impl on s, in µs."""
+    return by_key[(family, s["name"], impl)]["seconds"] * 1e6
+
+
+def goal_cell(family, s, isa, rate, by_key):
+    """libmha's isa against the case's stated goal: a call's time against its most
+    µs (call), else its speed over its reference (target_cell); "" with neither."""
+    if family == "call":
+        t, goal = microseconds(family, s, isa, by_key), s["target"]
+        return f"{fmt(t)} µs (≤ {goal:g} µs, {'met' if t <= goal else 'missed'})"
+    if family not in CACHED or not REFERENCES.get(s["reference"]):
+        return ""
+    return target_cell(family, s, over_reference(family, s, isa, rate, by_key))
+
+
 def over_reference(family, s, isa, rate, by_key):
     """libmha's isa over its reference (<isa>-ref), None where either has no time:
     prefill the GFLOP/s ratio, else the time ratio (a window and the full causal
@@ -361,8 +382,8 @@ def over_reference(family, s, isa, rate, by_key):
 
 
 def case_tables(shapes, rate, info, by_key):
-    """The decode, prefill and modifier sections of table.md: per case, each libmha
-    ISA with its reference right below, then the peers."""
+    """The sections of table.md of kCases' families: per case, each libmha ISA with
+    its reference (if any) right below, then the peers."""
     isas, lines = info["isas"], []
     for family in CACHED:
         cases = [s for s in shapes if family in s["families"]]
@@ -370,9 +391,10 @@ def case_tables(shapes, rate, info, by_key):
                      if any(rate(family, s, impl) for s in cases)}
         scalar = any(rate(family, s, "scalar") for s in cases)
         unit, pct_col = ("GB/s", "% of read") if family == "decode" else ("GFLOP/s", "% of peak")
-        head = ["case", "implementation", "ms", unit, pct_col]
+        call = family == "call"  # timed in µs, against a time target
+        head = ["case", "implementation", "µs" if call else "ms", unit, pct_col]
         head += ["% of roofline"] if family == "decode" else []
-        head += ["vs reference (target)"]
+        head += ["per call (target)" if call else "vs reference (target)"]
         fixed = len(head) - 1
         head += [f"vs {col}" for col, _ in fam_peers.values()]
         head += ["vs best peer"] if len(fam_peers) > 1 else []
@@ -382,7 +404,8 @@ def case_tables(shapes, rate, info, by_key):
         def row(cell, name, s, impl, rest):
             rec = by_key[(family, s["name"], impl)]
             pcts = [rec["pct_read"], rec["pct_roofline"]] if family == "decode" else [rec["pct_peak"]]
-            return ([cell, name, fmt(rec["seconds"] * 1e3), fmt(rate(family, s, impl))]
+            return ([cell, name, fmt(rec["seconds"] * (1e6 if call else 1e3)),
+                     fmt(rate(family, s, impl))]
                     + ["—" if p is None else f"{p:.0f}%" for p in pcts] + rest)
 
         for s in cases:
@@ -393,8 +416,7 @@ def case_tables(shapes, rate, info, by_key):
             for isa in reversed(isas):
                 r, r_ref = rate(family, s, isa), rate(family, s, isa + "-ref")
                 if r:
-                    rest = [target_cell(family, s, over_reference(family, s, isa, rate, by_key))
-                            if ref_name else ""]
+                    rest = [goal_cell(family, s, isa, rate, by_key)]
                     rest += [ratio(r, theirs[p]) for p in fam_peers]
                     if len(fam_peers) > 1:
                         rest += [f"{ratio(r, theirs[best_peer])} {fam_peers[best_peer][0]}"
@@ -458,6 +480,12 @@ CASE_TEXT = {
     "contiguous rows; \"vs reference\" is the time ratio. GFLOP/s count the three "
     "projections' GEMM FLOP plus 4*dh per (b, h, key); the f32 weights and the cache "
     "are read once per step.",
+    "call": "mha_attention_cached called as for decode (one causal row per sequence at the "
+    "last position, f32 cache [B][Hkv][cap = Skv][dh]) on a cache of a few keys: K+V fit in "
+    "L1 or L2 and the FLOP take a fraction of a microsecond, so the call's fixed costs "
+    "(checks, dispatch, the OpenMP team) set its time, given in µs per call against the "
+    "case's target (the most µs a call may take). GFLOP/s count 4*dh per (b, h, key). No "
+    "reference and no peer: the decode table times the peers on the same call at larger Skv.",
 }
 
 
@@ -594,6 +622,7 @@ HEADLINE = [
     ("prefill", "chunked prefill", contiguous("f32"), "largest"),
     ("modifier", "score modifier", lambda s: True, "each"),
     ("step", "layer step, paged", lambda s: True, "each"),
+    ("call", "cached attention call", lambda s: True, "each"),
 ]
 
 
@@ -613,14 +642,13 @@ def headline_row(label, family, s, rate, info, by_key):
     unit = "GB/s" if family in ("transpose", "decode") else "GFLOP/s"
     theirs = {impl: rate(family, s, impl) for impl in PEERS[family]}
     best = max((p for p in theirs if theirs[p]), key=theirs.get, default=None)
-    ref = ""
-    if family in CACHED and REFERENCES.get(s["reference"]):
-        ref = target_cell(family, s, over_reference(family, s, isa, rate, by_key))
+    speed = (f"{fmt(microseconds(family, s, isa, by_key))} µs per call" if family == "call"
+             else f"{fmt(mine[isa])} {unit}")
     text = case_text(family, s, info) if family in CACHED else shape_text(s)
-    return [label, f"{s['name']} ({text})", f"{isa} {fmt(mine[isa])} {unit}",
+    return [label, f"{s['name']} ({text})", f"{isa} {speed}",
             "—" if pct is None else f"{pct:.0f}% of {bound}",
             f"{PEERS[family][best][0]} {fmt(theirs[best])}" if best else "—",
-            ratio(mine[isa], theirs.get(best)), ref], rec
+            ratio(mine[isa], theirs.get(best)), goal_cell(family, s, isa, rate, by_key)], rec
 
 
 def write_headline(out_dir, shapes, rate, info, by_key):
@@ -640,7 +668,7 @@ def write_headline(out_dir, shapes, rate, info, by_key):
                 continue
             row, rec = picked
             rows.append(row)
-            if row[-1]:  # against its reference
+            if row[-1] and REFERENCES.get(s["reference"]):  # against its reference
                 refs.setdefault(REFERENCES[s["reference"]], []).append(s["name"])
             if rec.get("read_gbps"):
                 reads.append(rec["read_gbps"])
@@ -656,7 +684,8 @@ def write_headline(out_dir, shapes, rate, info, by_key):
         "max(a plain read of the K and V bytes, the FLOP at the FMA peak), over the call's. "
         "Best peer: the fastest peer with a time for the case (—: none has one); \"vs best "
         "peer\" is libmha's speed over it. \"vs reference\" is libmha over its own reference "
-        "call (prefill: GFLOP/s ratio, else time ratio) against the case's target.",
+        "call (prefill: GFLOP/s ratio, else time ratio) against the case's target; for the "
+        "cost of a call, libmha's time per call against its target.",
         "",
         "| family | case | libmha | % of peak or roofline | best peer | vs best peer "
         "| vs reference |",

@@ -16,12 +16,15 @@
 #    source with cmake). A peer that pip cannot install is
 #    reported as unavailable, with pip's error, in the table's notes;
 # 3. builds mha-bench (meson -Dbench=true) in DIR (default build-bench);
-# 4. sets OPENBLAS_CORETYPE when OpenBLAS picked a pre-AVX2 fallback core on a
-#    CPU with AVX-512 (SkylakeX) or AVX2 (Haswell), unless it is set already;
+# 4. sets OPENBLAS_CORETYPE when the core OpenBLAS would run (the caller's
+#    OPENBLAS_CORETYPE, else the one it detects) is older than the CPU's widest
+#    vectors: to the detected core if that one is not, else to SkylakeX
+#    (AVX-512) or Haswell (AVX2); it says so when it overrides the caller's;
 # 5. runs R rounds of mha-bench (libmha per ISA, OpenBLAS; the dense shapes,
 #    then the decode, chunked-prefill, score-modifier and layer-step cases,
-#    each next to its reference) then peers.py once per peer, each in its own
-#    process, same shapes and thread count;
+#    each next to its reference, and the 64-key cached call, timed per call)
+#    then peers.py once per peer, each in its own process, same shapes and
+#    thread count;
 # 6. writes the report with bench/report.py (Debian's python3 and matplotlib).
 #
 # Output, in --out (default bench/out): mha-bench-<r>.json (Google Benchmark
@@ -34,7 +37,7 @@
 # --quick: 4 small shapes and one decode case, short runs, 1 round, ONNX
 # Runtime the only peer (CI smoke test, well under 2 minutes once built). Full:
 # every shape, every peer, 1 round, about 4-6.5 minutes on 2 cores, of which
-# the decode, prefill, modifier and step cases take about 1.5 (the first run also
+# the decode, prefill, modifier, step and call cases take about 1.5 (the first run also
 # downloads torch and its CUDA wheels, about 2.5 GB; up to 1 GiB of KV cache
 # per process); --rounds 2 or more alternates mha-bench
 # and the peers again, each entry keeping its best time. --shapes runs only the
@@ -129,23 +132,41 @@ bench="$build/bench/mha-bench"
 # OpenBLAS (DYNAMIC_ARCH) picks its kernels when it loads; on CPUs it does not
 # know it may fall back to a pre-AVX2 core and run at a fraction of the FMA
 # peak, which would flatter libmha. OPENBLAS_CORETYPE names the core instead,
-# read at load time: so it is decided here, before the runs.
-# A value set by the caller is kept.
+# read at load time: so it is decided here, before the runs. A value set by the
+# caller is kept unless its core is older than the CPU (some environments export
+# OPENBLAS_CORETYPE=Haswell machine-wide: AVX2 kernels on an AVX-512 CPU).
+#
+# openblas_core DETECTED RUNNING FLAGS: the core to set, or nothing to keep
+# RUNNING, the core OpenBLAS runs now (as openblas_get_corename names it; an
+# unknown OPENBLAS_CORETYPE runs the detected one), on a CPU of these
+# /proc/cpuinfo flags. Says why on stderr when it overrides the caller's value.
+openblas_core() {
+    cpu_flags=" $3 "
+    has() { for f; do case $cpu_flags in *" $f "*) ;; *) return 1 ;; esac; done; }
+    # The vectors of a core: 3 AVX-512, 2 AVX2, 1 older; and their names.
+    tier() { case $1 in SkylakeX | Cooperlake | SapphireRapids) echo 3 ;; Haswell | Zen) echo 2 ;;
+             *) echo 1 ;; esac; }
+    vectors() { case $1 in 3) echo AVX-512 ;; 2) echo AVX2 ;; *) echo pre-AVX2 ;; esac; }
+    if has avx512f avx512bw avx512dq avx512vl; then
+        cpu=3 want=SkylakeX
+    elif has avx2 fma; then
+        cpu=2 want=Haswell
+    else
+        return 0
+    fi
+    running=$(tier "$2")
+    [ -n "$1" ] && [ "$running" -lt "$cpu" ] || return 0 # no OpenBLAS, or not older
+    [ "$(tier "$1")" -lt "$cpu" ] || want=$1
+    [ -z "${OPENBLAS_CORETYPE:-}" ] ||
+        echo "bench.sh: the caller's OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE runs OpenBLAS's" \
+            "$(vectors "$running") kernels ($2) on this $(vectors "$cpu") CPU: overridden with" \
+            "$want (OpenBLAS detects $1)" >&2
+    echo "$want"
+}
 openblas_detected=$(env -u OPENBLAS_CORETYPE "$bench" --openblas-core)
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    case $openblas_detected in
-    '' | Haswell | Zen | SkylakeX | Cooperlake | SapphireRapids) ;; # no OpenBLAS, or AVX2 and up
-    *)
-        cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-        has() { for f; do case $cpu_flags in *" $f "*) ;; *) return 1 ;; esac; done; }
-        if has avx512f avx512bw avx512dq avx512vl; then
-            export OPENBLAS_CORETYPE=SkylakeX
-        elif has avx2 fma; then
-            export OPENBLAS_CORETYPE=Haswell
-        fi
-        ;;
-    esac
-fi
+core=$(openblas_core "$openblas_detected" "$("$bench" --openblas-core)" \
+    "$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)")
+[ -z "$core" ] || export OPENBLAS_CORETYPE="$core"
 [ -z "$openblas_detected" ] ||
     step "OpenBLAS core: $("$bench" --openblas-core) (detected $openblas_detected," \
         "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
