@@ -32,6 +32,8 @@ enum {
     CHUNK_MIN = 256,
     CHUNK_LONG = 1024,
     CHUNK_ALIGN = 64,          /* chunk lengths are multiples of this */
+    SERIAL_FLOPS = 1 << 18,    /* calls of less work run on the calling thread (about 1 us
+                                  of one core): waking the workers costs more */
     KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are past a core's L2 (Zen 1's); beyond
                                   3/4 of the last-level cache, in memory (kv_far) */
 };
@@ -161,6 +163,7 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
     p->a = *a;
     const int32_t keys = max_keys(a);
     cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, keys);
+    p->serial = 2.0 * a->batch * a->heads * a->seq_q * (double)keys * (a->dk + a->dv) < SERIAL_FLOPS;
     const double kv_bytes = (double)a->batch * a->kv_heads * keys
                             * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv));
     p->kv_far = kv_bytes <= KV_FAR_BYTES                               ? KV_IN_L2
@@ -435,7 +438,11 @@ void mha_attention_exec(mha_attn_plan *p)
 {
     for (int64_t bi = 0; p->chunks > 1 && bi < p->blocks; bi++)
         atomic_init(&p->merged[bi], 0);
-    mha_parallel_for(p->blocks * p->chunks, attend_item, p);
+    if (p->serial) /* the same items in order: the same results */
+        for (int64_t i = 0; i < p->blocks * p->chunks; i++)
+            attend_item(p, i);
+    else
+        mha_parallel_for(p->blocks * p->chunks, attend_item, p);
     mha_attention_release(p);
 }
 
