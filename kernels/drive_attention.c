@@ -163,7 +163,9 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
     p->a = *a;
     const int32_t keys = max_keys(a);
     cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, keys);
-    p->serial = 2.0 * a->batch * a->heads * a->seq_q * (double)keys * (a->dk + a->dv) < SERIAL_FLOPS;
+    /* (the scalar reference, 10-30x slower a FLOP, keeps its threads) */
+    p->serial = kt->isa != MHA_ISA_SCALAR
+                && 2.0 * a->batch * a->heads * a->seq_q * (double)keys * (a->dk + a->dv) < SERIAL_FLOPS;
     const double kv_bytes = (double)a->batch * a->kv_heads * keys
                             * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv));
     p->kv_far = kv_bytes <= KV_FAR_BYTES                               ? KV_IN_L2
