@@ -105,6 +105,7 @@ enum {
     KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
     DOT_ROWS = QK_ROWS / 2,   /* passes of at most this many rows score by dot products */
     STAGE_D = 128,            /* values per row of a staged (converted) K or V tile */
+    OST_D = 128,              /* the largest dv whose O accumulates in the pass's scratch */
     PAIR = 2 * VF_LANES,      /* values of a bf16 pair load (vf_load_bf16_pair) */
 };
 _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
@@ -163,7 +164,8 @@ typedef struct pass {
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
-    float *out[RB];
+    float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
+    float *dst[RB];  /* the rows of out, written once, at the end */
     /* Per row, lane for lane with st: when rp < VF_LANES, lane i holds row i % rp. */
     _Alignas(64) int32_t kb[RB], ke[RB]; /* kv_begin, kv_end; 0 for padding rows */
     _Alignas(64) int32_t kbl[RB], kel[RB]; /* the same less lane_key: a lane's key j sees
@@ -185,6 +187,9 @@ typedef struct pass {
     int32_t nn;                    /* nn of them (0 when not streaming) */
     _Alignas(64) float kst[BC * STAGE_D], vst[BC * STAGE_D]; /* staged K and V columns */
     float ptail[BC * PV_ROWS]; /* P of a last group of fewer than PV_ROWS rows, padded */
+    _Alignas(64) float ost[RB * OST_D]; /* O at pitch dv: its rows stay in L1 across the
+                                           tiles whatever out's stride ([B][S][H][d] rows
+                                           H*d floats apart share a few of L1's sets) */
 } pass;
 
 /* qt[d][r] = scale * q[r][d0 + d] for d < dc, zero for padding rows: with the
@@ -1076,7 +1081,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     /* Row r0 + r is row i of group g: walk (g, i) rather than divide per row. */
     for (int32_t r = 0, g = r0 / blk->group_rows, i = r0 % blk->group_rows; r < nr; r++) {
         ps->q[r] = blk->q + g * blk->q_group_stride + i * blk->q_stride;
-        ps->out[r] = blk->out + g * blk->out_group_stride + i * blk->out_stride;
+        ps->dst[r] = blk->out + g * blk->out_group_stride + i * blk->out_stride;
+        ps->out[r] = dv <= OST_D ? ps->ost + (int64_t)r * dv : ps->dst[r];
         ps->bias[r] = blk->bias ? blk->bias + g * blk->bias_group_stride + i * blk->bias_stride
                                 : NULL;
         ps->bias_shared &= ps->bias[r] == ps->bias[0];
@@ -1179,23 +1185,25 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         pv(ps, j0, jn, careful);
     }
 
-    /* O /= l (+ exp(sink - m)); rows that saw no key have l = 0 and O = 0 and
-       stay zeros, with lse -inf. */
+    /* out = O / l (+ exp(sink - m)); rows that saw no key have l = 0 and O = 0 and
+       get zeros, with lse -inf. */
     for (int32_t r = 0; r < nr && ps->paired; r++)
         paired_order(ps->out[r], dv, 0);
     for (int32_t r = 0; r < nr; r++) {
         const float l = ps->l[r];
         if (blk->lse)
             blk->lse[r0 + r] = l == 0.0f ? -INFINITY : ps->m[r] + logf(l);
-        if (l == 0.0f)
+        if (l == 0.0f && ps->out[r] == ps->dst[r])
             continue;
-        const vf den = vf_set1(blk->sink ? l + expf(blk->sink[r0 + r] - ps->m[r]) : l);
-        float *o = ps->out[r];
+        const vf den = vf_set1(l == 0.0f ? 1.0f
+                               : blk->sink ? l + expf(blk->sink[r0 + r] - ps->m[r]) : l);
+        const float *o = ps->out[r];
+        float *y = ps->dst[r];
         int32_t d = 0;
         for (; d + VF_LANES <= dv; d += VF_LANES)
-            vf_storeu(o + d, vf_div(vf_loadu(o + d), den));
+            vf_storeu(y + d, vf_div(vf_loadu(o + d), den));
         if (d < dv)
-            vf_storeu_n(o + d, dv - d, vf_div(vf_loadu_n(o + d, dv - d), den));
+            vf_storeu_n(y + d, dv - d, vf_div(vf_loadu_n(o + d, dv - d), den));
     }
 }
 
