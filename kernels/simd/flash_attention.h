@@ -539,12 +539,14 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
         const int32_t p0 = j + sub * KS, p1 = p0 + KS < ps->nn ? p0 + KS : ps->nn;
         for (int32_t i = p0; pf && i < p1; i++)
             prefetch_row(ps->nkr[i], ps->kbytes);
+        const int32_t jk = j + sub * KS; /* a score row of R floats per key */
+        /* a group of all the pass's rows writes its keys' scores in place */
+        const int whole = R == ps->rp && jk + KS <= jt;
         float s[DOT_SCORES];
-        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, s, R, T);
+        dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, whole ? ps->st + jk * R : s, R, T);
         for (int32_t i = p0; pf && i < p1; i++)
             prefetch_row(ps->nvr[i], ps->vbytes);
-        const int32_t jk = j + sub * KS; /* a score row of R floats per key */
-        for (int kk = 0; kk < KS && jk + kk < jt; kk++)
+        for (int kk = 0; !whole && kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
 }
