@@ -118,6 +118,16 @@ static inline void vf_transpose(vf a[8])
     }
 }
 
+/* Lane i of x becomes lane i ^ s (s = 1, 2 or 4): a butterfly step. */
+static inline vf vf_swap_lanes(vf x, int s)
+{
+    switch (s) {
+    case 4: return _mm256_permute2f128_ps(x, x, 0x01);
+    case 2: return _mm256_permute_ps(x, 0x4e);
+    default: return _mm256_permute_ps(x, 0xb1);
+    }
+}
+
 /* r lane i = the sum of a[i]'s 8 lanes, every lane summed in the same order
  * ((l0 + l2) + (l1 + l3)) + ((l4 + l6) + (l5 + l7)): in-lane unpacks and shuffles
  * first (12, cheap on every AVX2 core), the two 128-bit halves last (2 lane-crossing

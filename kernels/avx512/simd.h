@@ -122,6 +122,17 @@ static inline void vf_transpose(vf a[16])
     }
 }
 
+/* Lane i of x becomes lane i ^ s (s = 1, 2, 4 or 8): a butterfly step. */
+static inline vf vf_swap_lanes(vf x, int s)
+{
+    switch (s) {
+    case 8: return _mm512_shuffle_f32x4(x, x, 0x4e);
+    case 4: return _mm512_shuffle_f32x4(x, x, 0xb1);
+    case 2: return _mm512_permute_ps(x, 0x4e);
+    default: return _mm512_permute_ps(x, 0xb1);
+    }
+}
+
 /* r lane i = the sum of a[i]'s 16 lanes, every lane summed in the same order
  * (l + 8, l + 4, l + 2, l + 1): halves of the data at each step, 30 shuffles where a
  * transpose takes 64. The steps leave lanes in the order 0 2 1 3 8 10 9 11 4 6 5 7

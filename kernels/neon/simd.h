@@ -112,6 +112,12 @@ static inline void vf_transpose(vf a[4])
     a[3] = vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(t1), vreinterpretq_f64_f32(t3)));
 }
 
+/* Lane i of x becomes lane i ^ s (s = 1 or 2): a butterfly step. */
+static inline vf vf_swap_lanes(vf x, int s)
+{
+    return s == 2 ? vextq_f32(x, x, 2) : vrev64q_f32(x);
+}
+
 /* r lane i = the sum of a[i]'s 4 lanes, every lane summed in the same order
  * ((l0 + l1) + (l2 + l3)): two rounds of pairwise adds. */
 static inline vf vf_reduce_lanes(const vf a[4])

@@ -724,18 +724,14 @@ static void alibi_tile(pass *ps, int32_t j0, int32_t jn)
 }
 
 /* x[i] = the max (sum) of the lanes of x that hold the row of lane i (i % rp, rp <
- * VF_LANES): the keys of a vector of st folded, in lane order. */
+ * VF_LANES, a power of two): the keys of a vector of st folded by butterfly steps,
+ * each combining lanes i and i ^ s, so every lane of a row gets the same bits (but
+ * for a max over a NaN score, whose row's P, l and O are NaN whatever its max). */
 static vf fold_keys(vf x, int32_t rp, int sum)
 {
-    _Alignas(64) float a[VF_LANES];
-    vf_store(a, x);
-    for (int32_t r = 0; r < rp; r++) {
-        for (int32_t i = r + rp; i < VF_LANES; i += rp)
-            a[r] = sum ? a[r] + a[i] : a[i] > a[r] ? a[i] : a[r];
-        for (int32_t i = r + rp; i < VF_LANES; i += rp)
-            a[i] = a[r];
-    }
-    return vf_load(a);
+    for (int32_t s = VF_LANES / 2; s >= rp; s /= 2)
+        x = sum ? vf_add(x, vf_swap_lanes(x, s)) : vf_max(x, vf_swap_lanes(x, s));
+    return x;
 }
 
 /* The online softmax for one tile, per row (vector lanes across rows, and across
