@@ -92,6 +92,11 @@ static void reduce_lanes(const float *a, float *y)
     vf_storeu(y, vf_reduce_lanes(v));
 }
 
+static void swap_lanes(const float *x, int s, float *y)
+{
+    vf_storeu(y, vf_swap_lanes(vf_loadu(x), s));
+}
+
 static uint32_t mask(int op, const int32_t *k, int32_t b, int32_t b2)
 {
     const vi x = vi_load(k);
@@ -156,6 +161,7 @@ const simd_layer_ops TABLE_NAME(MHA_SIMD_ISA) = {
     .load_store_n = load_store_n,
     .transpose = transpose,
     .reduce_lanes = reduce_lanes,
+    .swap_lanes = swap_lanes,
     .mask = mask,
     .load16 = load16,
     .store16 = store16,

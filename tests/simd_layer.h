@@ -26,6 +26,8 @@ typedef struct simd_layer_ops {
     void (*transpose)(float *m);
     /* y[i] = vf_reduce_lanes of the lanes vectors a[i*lanes ..]. */
     void (*reduce_lanes)(const float *a, float *y);
+    /* y = vf_swap_lanes(x, s) for a power of two s < lanes. */
+    void (*swap_lanes)(const float *x, int s, float *y);
     /* The lane mask m of op over ints k[0..lanes): 0 vi_gt(k, b), 1 vm_or(vi_gt(k, b),
        vi_gt(k, b2)), 2 vm_andnot(vi_gt(k, b), vi_gt(k, b2)), 3 vm_none(); returned
        as bit i = lane i (read through vf_select), bit 30 = vm_all(m), bit 31 =

@@ -192,6 +192,13 @@ static void transpose_and_reduce(void **state)
     L->reduce_lanes(m, y2);
     for (int i = 1; i < lanes; i++)
         assert_true(to_bits(y2[i]) == to_bits(y2[0]));
+
+    /* Butterfly steps: lane i takes lane i ^ s. */
+    for (int s = 1; s < lanes; s *= 2) {
+        L->swap_lanes(m, s, y);
+        for (int i = 0; i < lanes; i++)
+            assert_true(to_bits(y[i]) == to_bits(m[i ^ s]));
+    }
 }
 
 static void masks(void **state)
