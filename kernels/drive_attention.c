@@ -331,10 +331,10 @@ static void convert_rows(const mha_kernels *kt, int32_t rows, int32_t n, mha_dty
                          mha_strides st, int32_t d, float *f, int store)
 {
     const int64_t es = mha_dtype_block_bytes(type), bytes = mha_row_bytes(type, d);
+#define ROW_(r) (t + (((r) / rows) * st.h + ((r) % rows) * st.s) * es)
     for (int32_t r = 0; r < n; r++) {
         if (r + QPF < n) {
-            const int32_t a = r + QPF;
-            const char *ahead = t + ((a / rows) * st.h + (a % rows) * st.s) * es;
+            const char *ahead = ROW_(r + QPF);
             for (int64_t c = 0; c < bytes; c += 64) {
                 if (store)
                     __builtin_prefetch(ahead + c, 1);
@@ -342,12 +342,12 @@ static void convert_rows(const mha_kernels *kt, int32_t rows, int32_t n, mha_dty
                     __builtin_prefetch(ahead + c, 0);
             }
         }
-        char *row = t + ((r / rows) * st.h + (r % rows) * st.s) * es;
         if (store)
-            kt->convert(type, row, MHA_F32, f + (int64_t)r * d, d);
+            kt->convert(type, ROW_(r), MHA_F32, f + (int64_t)r * d, d);
         else
-            kt->convert(MHA_F32, f + (int64_t)r * d, type, row, d);
+            kt->convert(MHA_F32, f + (int64_t)r * d, type, ROW_(r), d);
     }
+#undef ROW_
 }
 
 /* Work item: block blk / chunks, keys of chunk blk % chunks; the block's last

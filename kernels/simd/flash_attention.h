@@ -1191,8 +1191,6 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         const float l = ps->l[r];
         if (blk->lse)
             blk->lse[r0 + r] = l == 0.0f ? -INFINITY : ps->m[r] + logf(l);
-        if (l == 0.0f && ps->out[r] == ps->dst[r])
-            continue;
         const vf den = vf_set1(l == 0.0f ? 1.0f
                                : blk->sink ? l + expf(blk->sink[r0 + r] - ps->m[r]) : l);
         const float *o = ps->out[r];
