@@ -149,6 +149,7 @@ static void load_bf16_pair(const uint16_t *p, float *even, float *odd)
 static void prefetch(const void *p)
 {
     prefetch_l2(p);
+    prefetch_l1(p);
 }
 
 const simd_layer_ops TABLE_NAME(MHA_SIMD_ISA) = {

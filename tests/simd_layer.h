@@ -44,7 +44,7 @@ typedef struct simd_layer_ops {
     /* vf_load_bf16_pair: 2 x lanes bfloat16 values at p, the even ones to even[0..lanes)
        and the odd ones to odd[0..lanes). */
     void (*load_bf16_pair)(const uint16_t *p, float *even, float *odd);
-    /* Touches the cache line of p (prefetch_l2): must not fault or change memory. */
+    /* Touches the cache line of p (prefetch_l2, prefetch_l1): must not fault or change memory. */
     void (*prefetch)(const void *p);
 } simd_layer_ops;
 

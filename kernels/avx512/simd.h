@@ -19,6 +19,8 @@ static inline void vf_storeu(float *p, vf x) { _mm512_storeu_ps(p, x); }
 /* The cache line of p into L2 (prefetcht1). asm volatile: GCC treats helpers made
    only of __builtin_prefetch as side-effect free and deletes their calls. */
 static inline void prefetch_l2(const void *p) { __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p)); }
+/* The cache line of p into L1 (prefetcht0). */
+static inline void prefetch_l1(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p)); }
 static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
 static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }

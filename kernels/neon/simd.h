@@ -20,6 +20,8 @@ static inline void vf_storeu(float *p, vf x) { vst1q_f32(p, x); }
 /* The cache line of p into L2. asm volatile: GCC treats helpers made only of
    __builtin_prefetch as side-effect free and deletes their calls. */
 static inline void prefetch_l2(const void *p) { __asm__ volatile("prfm pldl2keep, %0" : : "Q"(*(const char *)p)); }
+/* The cache line of p into L1 (prfm pldl1keep). */
+static inline void prefetch_l1(const void *p) { __asm__ volatile("prfm pldl1keep, %0" : : "Q"(*(const char *)p)); }
 static inline vf vf_set1(float x) { return vdupq_n_f32(x); }
 static inline vf vf_zero(void) { return vdupq_n_f32(0.0f); }
 static inline vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }

@@ -103,6 +103,7 @@
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
     KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
+    PF_L1_BYTES = 40 * 1024,  /* a tile ahead of K and V rows that L1 (32-48 KiB) holds */
     DOT_ROWS = QK_ROWS / 2,   /* passes of at most this many rows score by dot products */
     STAGE_D = 128,            /* values per row of a staged (converted) K or V tile */
     OST_D = 128,              /* the largest dv whose O accumulates in the pass's scratch */
@@ -162,6 +163,7 @@ typedef struct pass {
                         else they are staged (converted, gathered) into kst and vst */
     int64_t ldv;     /* V's row pitch in floats, when direct */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
+    int pf_l1;       /* a dot pass prefetches into L1: a tile's K and V rows fit in PF_L1_BYTES */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
@@ -259,16 +261,22 @@ static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const c
     }
 }
 
-/* The cache lines of a row of `bytes` bytes into L2. While K and V stream from
- * beyond L2, the rows of the next tile are asked for (nkr, nvr): a pass of many
- * rows asks for them at the tile's start; a dot pass, whose compute per key is
- * small, asks for a key's rows at each of its steps, so that its requests stay in
- * flight while it computes (a burst would stall on the fill buffers, and asking for
- * V during P.V instead was slower on Zen 1). */
-static inline void prefetch_row(const char *row, int32_t bytes)
+/* The cache lines of a row of `bytes` bytes into L2, or into L1 with l1. While K
+ * and V stream from beyond L2, the rows of the next tile are asked for (nkr, nvr):
+ * a pass of many rows asks for them into L2 at the tile's start (a tile would not
+ * fit L1); a dot pass, whose compute per key is small, asks for a key's rows at each
+ * of its steps, so that its requests stay in flight while it computes (a burst
+ * would stall on the fill buffers, and asking for V during P.V instead was slower
+ * on Zen 1), into L1 when a tile of them fits there (pf_l1). Decode B=8 from memory
+ * on Zen 5, contiguous or paged, avx512 and avx2: f16 and bf16 8-15% faster into L1,
+ * q8_0 within noise, f32 (72 KiB a tile ahead) slower. */
+static inline void prefetch_row(const char *row, int32_t bytes, int l1)
 {
     for (const char *c = row - (uintptr_t)row % 64; c < row + bytes; c += 64)
-        prefetch_l2(c);
+        if (l1)
+            prefetch_l1(c);
+        else
+            prefetch_l2(c);
 }
 
 /* A row's values from d (a multiple of 32 for q8_0), as a typed pointer. */
@@ -538,14 +546,14 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
     for (int sub = 0; sub < R; sub++) {
         const int32_t p0 = j + sub * KS, p1 = p0 + KS < ps->nn ? p0 + KS : ps->nn;
         for (int32_t i = p0; pf && i < p1; i++)
-            prefetch_row(ps->nkr[i], ps->kbytes);
+            prefetch_row(ps->nkr[i], ps->kbytes, ps->pf_l1);
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
         /* a group of all the pass's rows writes its keys' scores in place */
         const int whole = R == ps->rp && jk + KS <= jt;
         float s[DOT_SCORES];
         dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, whole ? ps->st + jk * R : s, R, T);
         for (int32_t i = p0; pf && i < p1; i++)
-            prefetch_row(ps->nvr[i], ps->vbytes);
+            prefetch_row(ps->nvr[i], ps->vbytes, ps->pf_l1);
         for (int kk = 0; !whole && kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
@@ -1133,6 +1141,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
+    ps->pf_l1 = ps->dot && BC * (ps->kbytes + ps->vbytes) <= PF_L1_BYTES;
     ps->stream = ps->dot ? blk->kv_far == KV_IN_MEMORY
                          : blk->kv_far != KV_IN_L2
                                && (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
@@ -1164,7 +1173,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < BC ? jmax - j0 - jn : BC) : 0;
         tile_rows(blk, j0 + jn, ps->nn, ps->nkr, ps->nvr);
         for (int32_t j = 0; !ps->dot && j < ps->nn; j++)
-            prefetch_row(ps->nkr[j], ps->kbytes), prefetch_row(ps->nvr[j], ps->vbytes);
+            prefetch_row(ps->nkr[j], ps->kbytes, 0), prefetch_row(ps->nvr[j], ps->vbytes, 0);
         if (ps->dot)
             scores_dot(ps, j0, jn);
         else
