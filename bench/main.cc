@@ -41,7 +41,8 @@
 //   decode: GB/s       K and V bytes per call (2*B*Hkv*Skv*dh*4) / seconds / 1e9
 //           read_GB/s  the same bytes read by the widest ISA's plain vector read
 //                      (bench/peak_<isa>.c), split over the same threads by
-//                      (b, kv head) slab, timed right before each call
+//                      (b, kv head) slab (paged: by block, in the order of the
+//                      block tables), timed right before each call
 //           %read      GB/s over read_GB/s
 //   prefill, modifier: GFLOP/s, %peak, %isa_peak with the FLOP that the mask
 //              leaves: 4*dh per (row, visible key) per (b, h)
@@ -96,7 +97,7 @@ namespace {
 struct PeakLoop {
     mha_isa isa;
     double (*loop)(int64_t);
-    double (*read)(const float *, const float *, int64_t, int64_t);
+    double (*read)(const float *, const float *, const int64_t *, int64_t, int64_t);
 };
 #define MHA_BENCH_PEAK_LOOP_(name, value) {value, mha_peak_fma__##name, mha_peak_read__##name},
 const PeakLoop kPeakLoops[] = {MHA_ISA_BUILT(MHA_BENCH_PEAK_LOOP_)};
@@ -328,7 +329,7 @@ struct Peaks {
     double memcpy_gbps = 0;
     int threads = 1;
     // The plain read of the ISA with the best FMA peak (the widest), for %read.
-    double (*read)(const float *, const float *, int64_t, int64_t) = nullptr;
+    double (*read)(const float *, const float *, const int64_t *, int64_t, int64_t) = nullptr;
 };
 Peaks g_peaks;
 
@@ -706,14 +707,24 @@ void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
         return;
     }
     /* The plain read covers the bytes of the cache the call reads, in slabs of
-       (b, kv head) or of pool blocks. */
+       (b, kv head), or for a paged cache in its blocks' slabs of one kv head, in
+       the order of the block tables: sequence by sequence, head by head, as the
+       call reads them (the hardware's prefetchers follow neither across blocks). */
     const CaseData::Cache &cc = ref && (c->ref == REF_F32 || c->ref == REF_CONTIG) ? d.ref_cache : d.cache;
     const float *rk = ref && c->ref == REF_ATTENTION ? d.k.data() : (const float *)cc.k.data();
     const float *rv = ref && c->ref == REF_ATTENTION ? d.v.data() : (const float *)cc.v.data();
     const double bytes = ref && c->ref == REF_ATTENTION ? 2.0 * d.k.size() * sizeof(float)
                                                         : 2.0 * (double)cc.k.size();
-    const int64_t slabs = (int64_t)c->batch * c->kv_heads;
+    const mha_kv_cache &kc = cc.c;
+    const bool paged = kc.block_table && !(ref && c->ref == REF_ATTENTION);
+    const int32_t per_seq = paged ? kc.max_blocks : 1;
+    const int64_t slabs = (int64_t)c->batch * c->kv_heads * per_seq;
     const int64_t slab = (int64_t)(bytes / 2 / sizeof(float)) / slabs;
+    std::vector<int64_t> order;
+    for (int32_t b = 0; paged && b < c->batch; b++)
+        for (int32_t g = 0; g < c->kv_heads; g++)
+            for (int32_t i = 0; i < per_seq; i++)
+                order.push_back((int64_t)kc.block_table[(int64_t)b * per_seq + i] * c->kv_heads + g);
     mha_status st = case_call(*c, d, ref, out);
     if (st != MHA_OK) {
         state.SkipWithError(mha_status_str(st));
@@ -722,7 +733,7 @@ void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
     double call_secs = 0, read_secs = 0;
     for (auto _ : state) {
         Clock::time_point t0 = Clock::now();
-        g_peaks.read(rk, rv, slabs, slab);
+        g_peaks.read(rk, rv, order.empty() ? nullptr : order.data(), slabs, slab);
         Clock::time_point t1 = Clock::now();
         case_call(*c, d, ref, out);
         const double dt = std::chrono::duration<double>(Clock::now() - t1).count();

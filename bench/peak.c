@@ -40,18 +40,22 @@ double mha_peak_fma__scalar(int64_t iters)
 }
 
 /* 8 scalar accumulators: one float per load, the read of a CPU without SIMD. */
-double mha_peak_read__scalar(const float *k, const float *v, int64_t slabs, int64_t slab_floats)
+double mha_peak_read__scalar(const float *k, const float *v, const int64_t *order,
+                             int64_t slabs, int64_t slab_floats)
 {
     float sink = 0.0f;
 #pragma omp parallel for schedule(static) reduction(+ : sink)
     for (int64_t s = 0; s < slabs; s++)
         for (int t = 0; t < 2; t++) {
-            const float *p = (t ? v : k) + s * slab_floats;
+            const float *p = (t ? v : k) + (order ? order[s] : s) * slab_floats;
+            const float *next = mha_peak_next(t ? v : k, order, s, slabs, slab_floats);
             float a[8] = {0};
             int64_t i = 0;
-            for (; i + 8 <= slab_floats; i += 8)
+            for (; i + 8 <= slab_floats; i += 8) {
+                mha_peak_ask(next, i, 8);
                 for (int j = 0; j < 8; j++)
                     a[j] += p[i + j];
+            }
             for (; i < slab_floats; i++)
                 a[0] += p[i];
             for (int j = 0; j < 8; j++)

@@ -15,7 +15,9 @@
  * floats each, with that ISA's widest loads summed into independent
  * accumulators, one OpenMP `parallel for` over the slabs (static schedule), and
  * returns the bytes read (2 * slabs * slab_floats * 4): the plain read of a KV
- * cache [slabs = B*Hkv][Skv][dh] that the decode benchmarks compare with. */
+ * cache [slabs = B*Hkv][Skv][dh] that the decode benchmarks compare with. Slab s
+ * is slab order[s] of k and v (order NULL: slab s): a paged cache is read block
+ * by block in the order of its block tables, as the attention reads it. */
 #ifndef MHA_BENCH_PEAK_H
 #define MHA_BENCH_PEAK_H
 
@@ -30,11 +32,28 @@ extern "C" {
 
 #define MHA_PEAK_DECLARE_(name, value)                                                            \
     double mha_peak_fma__##name(int64_t iters);                                                   \
-    double mha_peak_read__##name(const float *k, const float *v, int64_t slabs,                   \
-                                 int64_t slab_floats);
+    double mha_peak_read__##name(const float *k, const float *v, const int64_t *order,           \
+                                 int64_t slabs, int64_t slab_floats);
 MHA_ISA_BUILT(MHA_PEAK_DECLARE_)
 #undef MHA_PEAK_DECLARE_
 double mha_peak_memcpy(void *dst, const void *src, size_t bytes);
+
+/* With an order, the read of a slab asks for the same lines of the next slab of
+ * the order as it goes (into L1, a slab ahead): the hardware's prefetchers do not
+ * cross from one block into another, and a read as smart as the attention's
+ * prefetch is the fair roofline of a paged cache. */
+static inline const float *mha_peak_next(const float *base, const int64_t *order, int64_t s,
+                                         int64_t slabs, int64_t slab_floats)
+{
+    return order && s + 1 < slabs ? base + order[s + 1] * slab_floats : NULL;
+}
+
+/* The lines of floats [i, i + w) of next, when there is a next slab. */
+static inline void mha_peak_ask(const float *next, int64_t i, int64_t w)
+{
+    for (int64_t l = 0; next && l < w; l += 16)
+        __builtin_prefetch(next + i + l);
+}
 /* Threads that the OpenMP regions above (and libmha's) use: 1 without OpenMP. */
 int mha_peak_threads(void);
 

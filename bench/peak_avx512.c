@@ -38,20 +38,24 @@ double mha_peak_fma__avx512(int64_t iters)
 
 /* 8 accumulators of 16 floats: one 512-byte block (a dh=128 row) per step, 8
  * independent adds in flight behind the 2 loads per cycle. */
-double mha_peak_read__avx512(const float *k, const float *v, int64_t slabs, int64_t slab_floats)
+double mha_peak_read__avx512(const float *k, const float *v, const int64_t *order,
+                             int64_t slabs, int64_t slab_floats)
 {
     float sink = 0.0f;
 #pragma omp parallel for schedule(static) reduction(+ : sink)
     for (int64_t s = 0; s < slabs; s++)
         for (int t = 0; t < 2; t++) {
-            const float *p = (t ? v : k) + s * slab_floats;
+            const float *p = (t ? v : k) + (order ? order[s] : s) * slab_floats;
+            const float *next = mha_peak_next(t ? v : k, order, s, slabs, slab_floats);
             __m512 a[8];
             for (int j = 0; j < 8; j++)
                 a[j] = _mm512_setzero_ps();
             int64_t i = 0;
-            for (; i + 128 <= slab_floats; i += 128)
+            for (; i + 128 <= slab_floats; i += 128) {
+                mha_peak_ask(next, i, 128);
                 for (int j = 0; j < 8; j++)
                     a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + i + 16 * j));
+            }
             for (; i < slab_floats; i++)
                 sink += p[i];
             for (int j = 1; j < 8; j++)

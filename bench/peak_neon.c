@@ -37,20 +37,24 @@ double mha_peak_fma__neon(int64_t iters)
 
 /* 8 accumulators of 4 floats: one 128-byte block per step, 8 independent adds
  * in flight. */
-double mha_peak_read__neon(const float *k, const float *v, int64_t slabs, int64_t slab_floats)
+double mha_peak_read__neon(const float *k, const float *v, const int64_t *order,
+                           int64_t slabs, int64_t slab_floats)
 {
     float sink = 0.0f;
 #pragma omp parallel for schedule(static) reduction(+ : sink)
     for (int64_t s = 0; s < slabs; s++)
         for (int t = 0; t < 2; t++) {
-            const float *p = (t ? v : k) + s * slab_floats;
+            const float *p = (t ? v : k) + (order ? order[s] : s) * slab_floats;
+            const float *next = mha_peak_next(t ? v : k, order, s, slabs, slab_floats);
             float32x4_t a[8];
             for (int j = 0; j < 8; j++)
                 a[j] = vdupq_n_f32(0.0f);
             int64_t i = 0;
-            for (; i + 32 <= slab_floats; i += 32)
+            for (; i + 32 <= slab_floats; i += 32) {
+                mha_peak_ask(next, i, 32);
                 for (int j = 0; j < 8; j++)
                     a[j] = vaddq_f32(a[j], vld1q_f32(p + i + 4 * j));
+            }
             for (; i < slab_floats; i++)
                 sink += p[i];
             for (int j = 1; j < 8; j++)
