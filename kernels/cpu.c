@@ -91,41 +91,73 @@ int mha_cpu_avx512_bf16(void)
 #endif
 }
 
-/* The last-level cache that CPU 0 shares, from sysfs (a virtual machine's sysconf may
- * report the whole socket's: 64 MiB on an EPYC whose 2 vCPUs share 8), else sysconf's
- * L3, else 8 MiB. Read once; racing first calls read the same size. */
-static int64_t llc_read(void)
+/* The text of cache index i's file `name` of CPU 0 in sysfs, "" when absent. */
+static void cache_text(int i, const char *name, char *text, size_t size)
+{
+    char path[80];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, name);
+    const int fd = open(path, O_RDONLY);
+    const ssize_t got = fd < 0 ? 0 : read(fd, text, size - 1);
+    if (fd >= 0)
+        close(fd);
+    text[got > 0 ? got : 0] = 0;
+}
+
+/* Bytes of a cache of CPU 0 from sysfs: its L1 data cache (l1d), else the
+ * last-level cache (the last index); 0 when sysfs does not say. */
+static int64_t sysfs_cache(int l1d)
 {
     int64_t bytes = 0;
     for (int i = 0; i < 8; i++) {
-        char path[64], text[32];
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
-        const int fd = open(path, O_RDONLY);
-        if (fd < 0)
+        char text[32], level[8], type[16];
+        cache_text(i, "size", text, sizeof text);
+        if (!text[0])
             break;
-        const ssize_t got = read(fd, text, sizeof text - 1);
-        close(fd);
-        text[got > 0 ? got : 0] = 0;
         char *unit;
-        const long n = strtol(text, &unit, 10);
-        if (n > 0) /* "32768K"; the last index is the LLC */
-            bytes = (int64_t)n << (*unit == 'K' ? 10 : *unit == 'M' ? 20 : 0);
+        const long n = strtol(text, &unit, 10); /* "32768K" */
+        if (n <= 0)
+            continue;
+        const int64_t b = (int64_t)n << (*unit == 'K' ? 10 : *unit == 'M' ? 20 : 0);
+        if (!l1d) {
+            bytes = b;
+            continue;
+        }
+        cache_text(i, "level", level, sizeof level);
+        cache_text(i, "type", type, sizeof type);
+        if (level[0] == '1' && type[0] == 'D')
+            return b;
     }
-#ifdef _SC_LEVEL3_CACHE_SIZE
-    if (bytes <= 0)
-        bytes = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
-    return bytes > 0 ? bytes : (int64_t)8 << 20;
+    return bytes;
 }
 
-static _Atomic int64_t llc_bytes;
+/* CPU 0's L1 data cache (l1d) or the last-level cache that it shares: from sysfs (a
+ * virtual machine's sysconf may report the whole socket's L3: 64 MiB on an EPYC
+ * whose 2 vCPUs share 8), else sysconf, else 32 KiB or 8 MiB. Read once into
+ * *slot; racing first calls read the same size. */
+static int64_t cache_bytes(_Atomic int64_t *slot, int l1d)
+{
+    int64_t n = atomic_load_explicit(slot, memory_order_relaxed);
+    if (n)
+        return n;
+    n = sysfs_cache(l1d);
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL3_CACHE_SIZE)
+    if (n <= 0)
+        n = sysconf(l1d ? _SC_LEVEL1_DCACHE_SIZE : _SC_LEVEL3_CACHE_SIZE);
+#endif
+    if (n <= 0)
+        n = l1d ? (int64_t)32 << 10 : (int64_t)8 << 20;
+    atomic_store_explicit(slot, n, memory_order_relaxed);
+    return n;
+}
 
 int64_t mha_cpu_llc_bytes(void)
 {
-    int64_t n = atomic_load_explicit(&llc_bytes, memory_order_relaxed);
-    if (!n) {
-        n = llc_read();
-        atomic_store_explicit(&llc_bytes, n, memory_order_relaxed);
-    }
-    return n;
+    static _Atomic int64_t llc_bytes;
+    return cache_bytes(&llc_bytes, 0);
+}
+
+int64_t mha_cpu_l1d_bytes(void)
+{
+    static _Atomic int64_t l1d_bytes;
+    return cache_bytes(&l1d_bytes, 1);
 }

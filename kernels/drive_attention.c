@@ -417,6 +417,7 @@ static void attend_item(void *arg, int64_t item)
         .v = kv_rows(a, a->v, a->v_stride_b, a->v_stride_h, a->v_stride_s, at.b, at.g, c0),
         .kv_type = a->kv_type,
         .kv_far = p->kv_far,
+        .l1d_bytes = mha_cpu_l1d_bytes(),
         .kv_begin = begins ? br->kv_begin : NULL,
         .kv_end = br->kv_end,
         .scale = a->scale,

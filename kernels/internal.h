@@ -83,7 +83,8 @@ static inline const char *mha_row(const mha_rows *r, int32_t j)
  * the calling thread's alone: kernels keep their tiles and per-row state there;
  * the stack holds only registers' worth of vectors. kv_far: where the call's K
  * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2), KV_IN_LLC (most
- * of the last-level cache) or KV_IN_MEMORY. */
+ * of the last-level cache) or KV_IN_MEMORY; l1d_bytes: the L1 data cache, which
+ * bounds how far ahead prefetches into L1 may reach (0: none into L1). */
 enum { KV_IN_L2, KV_IN_LLC, KV_IN_MEMORY };
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
@@ -93,6 +94,7 @@ typedef struct mha_attn_block {
     mha_rows k, v;
     mha_dtype kv_type;
     int kv_far;
+    int64_t l1d_bytes;
     const int32_t *kv_begin, *kv_end;
     const float *bias;
     int64_t bias_stride, bias_group_stride;
@@ -220,6 +222,8 @@ int mha_cpu_supports(mha_isa isa);
 int mha_cpu_avx512_bf16(void);
 /* cpu.c: bytes of the last-level cache that CPU 0 shares (read at the first call only). */
 int64_t mha_cpu_llc_bytes(void);
+/* cpu.c: bytes of CPU 0's L1 data cache (read at the first call only). */
+int64_t mha_cpu_l1d_bytes(void);
 /* dispatch.c: the table of an ISA built in and supported here, else NULL. */
 const mha_kernels *mha_kernels_for(mha_isa isa);
 /* dispatch.c: the table calls use now (chosen once, thread-safely). */

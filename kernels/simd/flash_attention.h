@@ -103,7 +103,6 @@
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
     KV_L2_BYTES = 512 * 1024, /* K and V of a head fitting in half of a 1 MiB L2 */
-    PF_L1_BYTES = 40 * 1024,  /* a tile ahead of K and V rows that L1 (32-48 KiB) holds */
     DOT_ROWS = QK_ROWS / 2,   /* passes of at most this many rows score by dot products */
     STAGE_D = 128,            /* values per row of a staged (converted) K or V tile */
     OST_D = 128,              /* the largest dv whose O accumulates in the pass's scratch */
@@ -163,7 +162,7 @@ typedef struct pass {
                         else they are staged (converted, gathered) into kst and vst */
     int64_t ldv;     /* V's row pitch in floats, when direct */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
-    int pf_l1;       /* a dot pass prefetches into L1: a tile's K and V rows fit in PF_L1_BYTES */
+    int pf_l1;       /* a dot pass prefetches into L1: a tile's K and V rows fit in 3/4 of it */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
@@ -267,9 +266,10 @@ static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const c
  * fit L1); a dot pass, whose compute per key is small, asks for a key's rows at each
  * of its steps, so that its requests stay in flight while it computes (a burst
  * would stall on the fill buffers, and asking for V during P.V instead was slower
- * on Zen 1), into L1 when a tile of them fits there (pf_l1). Decode B=8 from memory
- * on Zen 5, contiguous or paged, avx512 and avx2: f16 and bf16 8-15% faster into L1,
- * q8_0 within noise, f32 (72 KiB a tile ahead) slower. */
+ * on Zen 1), into L1 when a tile of them fits in 3/4 of it (pf_l1). Decode B=8 from
+ * memory on Zen 5 (48 KiB of L1), contiguous or paged, avx512 and avx2: f16 and bf16
+ * at dh 128 (36 KiB a tile ahead) and f32 at dh 64 8-15% faster into L1, q8_0 within
+ * noise, f32 at dh 128 (72 KiB) slower. */
 static inline void prefetch_row(const char *row, int32_t bytes, int l1)
 {
     for (const char *c = row - (uintptr_t)row % 64; c < row + bytes; c += 64)
@@ -1141,7 +1141,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->pf_l1 = ps->dot && BC * (ps->kbytes + ps->vbytes) <= PF_L1_BYTES;
+    ps->pf_l1 = ps->dot && 4 * (int64_t)BC * (ps->kbytes + ps->vbytes) <= 3 * blk->l1d_bytes;
     ps->stream = ps->dot ? blk->kv_far == KV_IN_MEMORY
                          : blk->kv_far != KV_IN_L2
                                && (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
