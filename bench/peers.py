@@ -47,6 +47,13 @@ seq_q rows of seq positions, causal):
                q8_0 written by ggml_quantize_chunk); it converts q to the cache's
                type itself.
 
+Errors: where a builder can, it runs its call once more and records "error",
+max |out - ref| / max |ref| against attention64, float64 attention of the inputs
+as the peer holds them (rounded to its 16-bit or q8_0 type), so that a figure
+names what the peer's arithmetic costs in accuracy: the attention family, and
+the cached families without a modifier (ONNX Runtime over the cache as its call
+left it; ggml over its q, K and V as it stores them).
+
 The QKV projection's peer (OpenBLAS) is in the C++ harness.
 
 Usage: peers.py --peer NAME --shapes shapes.json [--threads 2] [--min-time 0.3]
@@ -88,6 +95,32 @@ def time_calls(fn, min_time, cold_limit):
         total += time.perf_counter() - t0
         n += 1
     return total / n, n
+
+
+def attention64(q, k, v, causal):
+    """Attention in float64, the reference of the peers' errors: q [B, H, Sq, dh],
+    k and v [B, Hkv, Skv, dh] (any float type), heads in groups of H/Hkv on a kv
+    head; causal rows see the keys up to their own position, counted from the end
+    (row i of Sq sees keys j <= i + Skv - Sq)."""
+    b, h, sq, dh = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    out = np.empty((b, h, sq, v.shape[3]))
+    hidden = np.arange(skv)[None, :] > np.arange(sq)[:, None] + (skv - sq)
+    for i in range(b):
+        for g in range(hkv):
+            kg, vg = np.asarray(k[i, g], np.float64), np.asarray(v[i, g], np.float64)
+            for hh in range(g * (h // hkv), (g + 1) * (h // hkv)):
+                sc = np.asarray(q[i, hh], np.float64) @ kg.T / math.sqrt(dh)
+                if causal:
+                    sc[hidden] = -np.inf
+                p = np.exp(sc - sc.max(axis=1, keepdims=True))
+                out[i, hh] = (p @ vg) / p.sum(axis=1, keepdims=True)
+    return out
+
+
+def rel_error(out, ref):
+    """max |out - ref| / max |ref|: a peer's error on the scale of the output."""
+    return float(np.max(np.abs(np.asarray(out, np.float64) - ref)) / np.max(np.abs(ref)))
 
 
 def dims(s):
@@ -201,16 +234,20 @@ class Ort:
             return "ONNX Runtime's CPU attention ops have no bfloat16 kernels"
         f16 = typed(s) == "f16"
         b, h, _, n, dh, e, _ = dims(s)
-        q, k, v = Inputs(s).qkv()
+        qkv = [x.astype(np.float16) if f16 else x for x in Inputs(s).qkv()]
+        q, k, v = qkv
         if op == "MultiHeadAttention":  # [B, S, H*dh]
             q, k, v = (x.transpose(0, 2, 1, 3).reshape(b, n, -1).copy() for x in (q, k, v))
-        feeds = {name: x.astype(np.float16) if f16 else x for name, x in zip("qkv", (q, k, v))}
+        feeds = dict(zip("qkv", (q, k, v)))
         out_shape = (b, n, e) if op == "MultiHeadAttention" else (b, h, n, dh)
         sess = self._session(
             [self._node(op, ["q", "k", "v"], "o", s, op == "MultiHeadAttention")],
             [self._tensor(name, x.shape, f16) for name, x in feeds.items()],
             [self._tensor("o", out_shape, f16)],
         )
+        o = sess.run(None, feeds)[0]
+        o = o.reshape(b, n, h, dh).transpose(0, 2, 1, 3) if op == "MultiHeadAttention" else o
+        self.error = rel_error(o, attention64(*qkv, s["causal"]))
         return lambda: sess.run(None, feeds)
 
     def layer(self, s, op):
@@ -287,6 +324,10 @@ class Ort:
         sess.run_with_iobinding(io)
         if [x.data_ptr() for x in io.get_outputs()[:2]] != [x.data_ptr() for x in bufs]:
             return "GroupQueryAttention did not write present_key/value into the past buffers"
+        if s["modifier"] == "none":  # the new rows over the cache as the call left it
+            o = io.get_outputs()[2].numpy().reshape(b, sq, h, dh).transpose(0, 2, 1, 3)
+            q = feeds["q"].reshape(b, sq, h, dh).transpose(0, 2, 1, 3)
+            self.error = rel_error(o, attention64(q, bufs[0].numpy(), bufs[1].numpy(), True))
         return lambda: sess.run_with_iobinding(io)
 
     decode = prefill = modifier = _gqa
@@ -312,8 +353,10 @@ class Torch:
 
         def call():
             with torch.inference_mode():
-                sdpa(q, k, v, is_causal=s["causal"], enable_gqa=gqa)
+                return sdpa(q, k, v, is_causal=s["causal"], enable_gqa=gqa)
 
+        self.error = rel_error(call().double().numpy(),
+                               attention64(*(x.double().numpy() for x in (q, k, v)), s["causal"]))
         return call
 
     def _cached(self, s):
@@ -352,8 +395,11 @@ class Torch:
 
         def call():
             with torch.inference_mode():
-                sdpa(q, k, v, **kwargs)
+                return sdpa(q, k, v, **kwargs)
 
+        if mod == "none":
+            self.error = rel_error(call().double().numpy(),
+                                   attention64(*(x.double().numpy() for x in (q, k, v)), True))
         return call
 
     decode = prefill = modifier = _cached
@@ -412,7 +458,7 @@ class OpenVino:
         model = self.ov.Model(outputs, params)
         config = dict(self.config, INFERENCE_PRECISION_HINT=hint)
         request = self.core.compile_model(model, "CPU", config).create_infer_request()
-        return lambda: request.infer(feeds, share_inputs=True)
+        return lambda: next(iter(request.infer(feeds, share_inputs=True).values()))
 
     def attention(self, s):
         ops = self.ops
@@ -420,7 +466,9 @@ class OpenVino:
         params = [ops.parameter(x.shape, np.float32, name=name) for name, x in zip("qkv", feeds)]
         # 16-bit shapes: OpenVINO's own 16-bit path is its precision hint (inputs stay f32).
         hint = {"f16": "f16", "bf16": "bf16"}.get(typed(s), "f32")
-        return self._compile([self._sdpa(*params, s)], params, feeds, hint)
+        call = self._compile([self._sdpa(*params, s)], params, feeds, hint)
+        self.error = rel_error(call(), attention64(*feeds, s["causal"]))
+        return call
 
     def layer(self, s):
         ops = self.ops
@@ -493,7 +541,27 @@ class Ggml:
         def call():
             g.ggml_graph_compute(gf, ct.byref(keep[3]))
 
+        call()  # o is [dh, H, seq_q, B]; q, K and V as ggml holds them
+        o = self._values(o, 0, b * sq * h * dh).reshape(b, sq, h, dh).transpose(0, 2, 1, 3)
+        q64 = self._values(q, 0, b * h * sq * dh).reshape(b, h, sq, dh)
+        k64, v64 = (self._values(x, t, b * hkv * n * dh).reshape(b, hkv, n, dh) for x in (k, v))
+        self.error = rel_error(o, attention64(q64, k64, v64, True))
         return call
+
+    def _values(self, x, t, count):
+        """The count values of tensor x of type t (f32, f16 or q8_0: blocks of an
+        f16 scale and 32 int8) as float64."""
+        g, ct = self.ggml, self.ct
+        if t == 0:
+            return np.ctypeslib.as_array(ct.cast(g.ggml_get_data(x), ct.POINTER(ct.c_float)),
+                                         (count,)).astype(np.float64)
+        if t == 1:
+            raw = np.ctypeslib.as_array(ct.cast(g.ggml_get_data(x), ct.POINTER(ct.c_uint16)), (count,))
+            return raw.view(np.float16).astype(np.float64)
+        raw = np.ctypeslib.as_array(ct.cast(g.ggml_get_data(x), ct.POINTER(ct.c_uint8)),
+                                    (count // 32 * 34,)).reshape(-1, 34)
+        scale = raw[:, :2].copy().view(np.float16).astype(np.float64)
+        return (scale * raw[:, 2:].view(np.int8)).reshape(-1)
 
 
 # peer -> (class, {family: impl}); impl names the report's column.
@@ -519,18 +587,30 @@ def run(build, args):
 
 
 def measure(peer, family, s, args):
-    """The record's timing fields, or {"skipped": reason}. ONNX Runtime times
-    each of its attention ops and keeps the faster (dense families)."""
+    """The record's timing fields, or {"skipped": reason}, with the error of the
+    output against float64 (attention64) where the builder measured it (dense
+    attention, and cached attention without a modifier). ONNX Runtime times each
+    of its attention ops and keeps the faster (dense families)."""
+
+    def timed(build):
+        peer.error = None
+        t = run(build, args)
+        return t if isinstance(t, str) else (t[0], t[1], peer.error)
+
+    def fields(t):
+        rec = {"seconds": t[0], "calls": t[1]}
+        return rec if t[2] is None else {**rec, "error": t[2]}
+
     ops = getattr(peer, "VARIANTS", {}).get(family)
     if not ops:
-        t = run(lambda: getattr(peer, family)(s), args)
-        return {"skipped": t} if isinstance(t, str) else {"seconds": t[0], "calls": t[1]}
-    times = {op: run(lambda op=op: getattr(peer, family)(s, op), args) for op in ops}
+        t = timed(lambda: getattr(peer, family)(s))
+        return {"skipped": t} if isinstance(t, str) else fields(t)
+    times = {op: timed(lambda op=op: getattr(peer, family)(s, op)) for op in ops}
     ran = {op: t for op, t in times.items() if not isinstance(t, str)}
     if not ran:
         return {"skipped": "; ".join(f"{op}: {why}" for op, why in times.items())}
     best = min(ran, key=lambda op: ran[op][0])
-    return {"seconds": ran[best][0], "calls": ran[best][1], "variant": best,
+    return {**fields(ran[best]), "variant": best,
             "variants": {op: t[0] if op in ran else t for op, t in times.items()}}
 
 
@@ -578,8 +658,9 @@ def main():
                 rec.update(measure(peer, family, s, args))
             if "seconds" in rec:
                 variant = f" ({rec['variant']})" if "variant" in rec else ""
+                error = f", error {rec['error']:.1e}" if "error" in rec else ""
                 log(f"peers: {family}/{s['name']}/{impl}{variant}: "
-                    f"{rec['seconds'] * 1e3:.2f} ms x {rec['calls']}")
+                    f"{rec['seconds'] * 1e3:.2f} ms x {rec['calls']}{error}")
             else:
                 log(f"peers: {family}/{s['name']}/{impl}: skipped ({rec['skipped']})")
             results.append(rec)

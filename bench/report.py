@@ -150,7 +150,8 @@ def load_bench(paths):
 def load_peers(paths):
     """(family, shape, impl) -> seconds, best over the files; -> reason skipped
     (where no file has a time); -> the best record's extra fields (ONNX Runtime's
-    variant and variants); the contexts merged (one file per framework)."""
+    variant and variants, the output's error against float64); the contexts
+    merged (one file per framework)."""
     times, skipped, extra, context = {}, {}, {}, {}
     for path in paths:
         with open(path) as f:
@@ -161,7 +162,7 @@ def load_peers(paths):
             if "seconds" in r:
                 if r["seconds"] <= times.get(key, r["seconds"]):
                     times[key] = r["seconds"]
-                    extra[key] = {k: r[k] for k in ("variant", "variants") if k in r}
+                    extra[key] = {k: r[k] for k in ("variant", "variants", "error") if k in r}
             else:
                 skipped[key] = r["skipped"]
     skipped = {k: why for k, why in skipped.items() if k not in times}
@@ -491,6 +492,22 @@ CASE_TEXT = {
 }
 
 
+def peer_errors(by_key):
+    """The section of the peers' errors against float64, where peers.py measured them."""
+    rows = [f"| {f}/{sh} | {i}{' (' + r['variant'] + ')' if 'variant' in r else ''} | {r['error']:.1e} |"
+            for (f, sh, i), r in sorted(by_key.items()) if "error" in r]
+    if not rows:
+        return []
+    return ["", "## Peers' errors against float64", "",
+            "max |out - ref| / max |ref|, ref the same attention in float64 (peers.py's "
+            "attention64) of the inputs as the peer holds them (rounded to its 16-bit or q8_0 "
+            "type): what its arithmetic adds, on dense attention and on cached attention "
+            "without a modifier. A 16-bit output adds its own rounding: at most 4.9e-4 (f16) or "
+            "3.9e-3 (bf16). libmha's errors against float64 are `mha-validate --report`'s "
+            "(tools/main.sh).", "",
+            "| case | peer | error |", "|---|---|---|"] + rows
+
+
 def write_table(out_dir, shapes, rate, info, skipped, by_key):
     """by_key: (family, shape, impl) -> its record in results.json."""
     isas = info["isas"]
@@ -575,6 +592,7 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
                       "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += case_tables(shapes, rate, info, by_key)
+    lines += peer_errors(by_key)
     notes = [
         f"- libmha scalar runs only where a call is at most {info['scalar_cap_gflop']} "
         "GFLOP (`--scalar-cap`); above, it has no row."
