@@ -85,6 +85,9 @@
 #include "isa_list.h"
 #include "mha.h"
 #include "peak.h"
+extern "C" {
+#include "ref64.h"
+}
 
 #ifdef MHA_BENCH_HAVE_BLAS
 #include <cblas.h>
@@ -576,6 +579,7 @@ struct CaseData {
         std::vector<int32_t> table;
         mha_kv_cache c = {};
     } cache, ref_cache;
+    std::vector<double> out64; // DECODE: the call's output in float64 (ref_attention_cached)
 };
 
 // A cache of c's shape holding the K and V of d, of type t: [B][Hkv][cap][dh] rows,
@@ -691,6 +695,28 @@ mha_status case_call(const Case &c, CaseData &d, bool ref, std::vector<float> &o
                                 out.data(), MHA_LAYOUT_BHSD, nullptr);
 }
 
+// The error of a decode call's output: max |out - ref| / max |ref|, ref the same
+// attention in float64 over the cache as the library holds it (tools/ref64.c), the
+// measure peers.py takes of each peer. The reference is computed once per case.
+double decode_error(const Case &c, CaseData &d, const std::vector<float> &out)
+{
+    if (d.out64.empty()) {
+        d.out64.resize(out.size());
+        const std::vector<int32_t> lens((size_t)c.batch, c.seq_kv);
+        mha_mask mask = {};
+        mask.causal = 1;
+        ref_attention_cached(&d.cache.c, lens.data(), d.q.data(), c.heads, c.seq_q,
+                             1.0 / std::sqrt((double)c.head_dim), &mask, d.out64.data(),
+                             MHA_LAYOUT_BHSD, nullptr);
+    }
+    double err = 0, top = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        err = std::max(err, std::fabs((double)out[i] - d.out64[i]));
+        top = std::max(top, std::fabs(d.out64[i]));
+    }
+    return top > 0 ? err / top : err;
+}
+
 // Decode is timed against the plain read of the same K, V right before each call
 // (the read's time is not the iteration's): both find the buffers as the other
 // left them, in cache when they fit, so the ratio favours neither side.
@@ -742,6 +768,8 @@ void bm_case(benchmark::State &state, const Case *c, mha_isa isa, bool ref)
         read_secs += std::chrono::duration<double>(t1 - t0).count();
     }
     const double n = (double)state.iterations();
+    if (!ref)
+        state.counters["error"] = decode_error(*c, d, out);
     state.counters["GB/s"] = bytes * n / call_secs / 1e9;
     state.counters["read_GB/s"] = bytes * n / read_secs / 1e9;
     state.counters["%read"] = 100.0 * read_secs / call_secs;

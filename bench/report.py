@@ -109,7 +109,8 @@ def load_bench(paths):
     the peak/fma/<isa>, peak/memcpy/64MiB benchmarks at their start and end), as
     {"fma": {isa: GFLOP/s}, "memcpy": GB/s}; and the counters of the run with the
     best time: for the transpose, the seconds of a memcpy of the same bytes
-    interleaved with it (memcpy_s), for decode the plain read's GB/s and %read."""
+    interleaved with it (memcpy_s), for decode the plain read's GB/s and %read and
+    the output's error against float64."""
     times, errors, context, counters = {}, {}, {}, {}
     peaks = {"fma": {}, "memcpy": 0.0}
 
@@ -143,7 +144,7 @@ def load_bench(paths):
             if t <= times.get(key, t):
                 times[key] = t
                 counters[key] = {k: b[k] for k in ("memcpy_s", "read_GB/s", "%read", "%roofline",
-                                                   "roofline_ms") if k in b}
+                                                   "roofline_ms", "error") if k in b}
     return times, errors, context, peaks, counters
 
 
@@ -275,6 +276,8 @@ def main():
             rec.update(gbps=r, read_gbps=read,
                        pct_read=extra.get("%read", 100 * r / read if read else None),
                        pct_roofline=extra.get("%roofline", 100 * roof / 1e3 / t if roof else None))
+            if "error" in extra:
+                rec["error"] = extra["error"]
         else:
             rec.update(gflops=r, pct_peak=100 * r / info["peak_gflops"])
             if impl in isa_peak:
@@ -492,20 +495,26 @@ CASE_TEXT = {
 }
 
 
-def peer_errors(by_key):
-    """The section of the peers' errors against float64, where peers.py measured them."""
-    rows = [f"| {f}/{sh} | {i}{' (' + r['variant'] + ')' if 'variant' in r else ''} | {r['error']:.1e} |"
-            for (f, sh, i), r in sorted(by_key.items()) if "error" in r]
+def output_errors(by_key):
+    """The section of the outputs' errors against float64: libmha's decode calls
+    (mha-bench) and the peers' calls where peers.py measured them."""
+    rows = [f"| {f}/{sh} | {'' if i in PEERS.get(f, {}) else 'libmha '}{i}"
+            f"{' (' + r['variant'] + ')' if 'variant' in r else ''} | {r['error']:.1e} |"
+            for (f, sh, i), r in sorted(by_key.items(),
+                                        key=lambda kr: (*kr[0][:2], kr[0][2] in PEERS.get(kr[0][0], {}),
+                                                        kr[0][2]))
+            if "error" in r]
     if not rows:
         return []
-    return ["", "## Peers' errors against float64", "",
-            "max |out - ref| / max |ref|, ref the same attention in float64 (peers.py's "
-            "attention64) of the inputs as the peer holds them (rounded to its 16-bit or q8_0 "
-            "type): what its arithmetic adds, on dense attention and on cached attention "
-            "without a modifier. A 16-bit output adds its own rounding: at most 4.9e-4 (f16) or "
-            "3.9e-3 (bf16). libmha's errors against float64 are `mha-validate --report`'s "
-            "(tools/main.sh).", "",
-            "| case | peer | error |", "|---|---|---|"] + rows
+    return ["", "## Errors against float64", "",
+            "max |out - ref| / max |ref|, ref the same attention in float64 of the inputs as "
+            "the implementation holds them (rounded to its 16-bit or q8_0 type): what its "
+            "arithmetic adds. libmha: decode calls, against tools/ref64.c over its cache; its "
+            "other kernels' errors are `mha-validate --report`'s (tools/main.sh). Peers: dense "
+            "attention and cached attention without a modifier, against peers.py's "
+            "attention64. A 16-bit output adds its own rounding: at most 4.9e-4 (f16) or "
+            "3.9e-3 (bf16).", "",
+            "| case | implementation | error |", "|---|---|---|"] + rows
 
 
 def write_table(out_dir, shapes, rate, info, skipped, by_key):
@@ -592,7 +601,7 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
                       "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += case_tables(shapes, rate, info, by_key)
-    lines += peer_errors(by_key)
+    lines += output_errors(by_key)
     notes = [
         f"- libmha scalar runs only where a call is at most {info['scalar_cap_gflop']} "
         "GFLOP (`--scalar-cap`); above, it has no row."
