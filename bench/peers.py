@@ -341,6 +341,11 @@ class Torch:
         torch.set_num_threads(threads)
         self.version = torch.__version__
 
+    def _error(self, call, q, k, v, causal):
+        """The error of call's output against attention64 of q, k and v as torch holds them."""
+        self.error = rel_error(call().double().numpy(),
+                               attention64(*(x.double().numpy() for x in (q, k, v)), causal))
+
     def _tensor(self, x, t="f32"):
         y = self.torch.from_numpy(x)
         return y.to({"f16": self.torch.float16, "bf16": self.torch.bfloat16}[t]) if t != "f32" else y
@@ -355,8 +360,7 @@ class Torch:
             with torch.inference_mode():
                 return sdpa(q, k, v, is_causal=s["causal"], enable_gqa=gqa)
 
-        self.error = rel_error(call().double().numpy(),
-                               attention64(*(x.double().numpy() for x in (q, k, v)), s["causal"]))
+        self._error(call, q, k, v, s["causal"])
         return call
 
     def _cached(self, s):
@@ -398,8 +402,7 @@ class Torch:
                 return sdpa(q, k, v, **kwargs)
 
         if mod == "none":
-            self.error = rel_error(call().double().numpy(),
-                                   attention64(*(x.double().numpy() for x in (q, k, v)), True))
+            self._error(call, q, k, v, True)
         return call
 
     decode = prefill = modifier = _cached

@@ -287,6 +287,7 @@ typedef struct mha_attn_plan {
     int32_t head_run, row_run, qblocks, hgroups, chunks, chunk_len;
     int64_t blocks;
     int kv_far;                 /* where K and V of the call fit: KV_IN_L2 .. KV_IN_MEMORY */
+    int64_t l1d_bytes;          /* the L1 data cache (mha_cpu_l1d_bytes), for the kernels' prefetch */
     int serial;                 /* so little work that the calling thread runs every item */
     mha_scratch scratch;
     float *part_out, *part_lse; /* per chunk, when chunks > 1 */
