@@ -414,6 +414,7 @@ static void attend_item(void *arg, int64_t item)
         .q_stride = typed ? a->dk : a->q_st.s,
         .q_group_stride = typed ? (int64_t)at.rows * a->dk : a->q_st.h,
         .q_bf16 = a->io_type == MHA_BF16,
+        .q_staged = typed,
         .k = kv_rows(a, a->k, a->k_stride_b, a->k_stride_h, a->k_stride_s, at.b, at.g, c0),
         .v = kv_rows(a, a->v, a->v_stride_b, a->v_stride_h, a->v_stride_s, at.b, at.g, c0),
         .kv_type = a->kv_type,

@@ -91,6 +91,7 @@ typedef struct mha_attn_block {
     const float *q;
     int64_t q_stride, q_group_stride;
     int q_bf16; /* every q value is a bfloat16 (the call's q was MHA_BF16) */
+    int q_staged; /* q rows are the driver's converted copy, still in cache */
     mha_rows k, v;
     mha_dtype kv_type;
     int kv_far;
