@@ -205,6 +205,14 @@ static void qk_tile_bf16dp(int32_t dp, const float *const kp[8], const uint32_t 
     QK_EACH_KEY(QKB_STORE);
 }
 
+/* The packing of q into bf16 pairs for qk_tile_bf16dp (simd/flash_attention.h). */
+static inline void qk_store_bf16_pairs(uint32_t *dst, __m512 even, __m512 odd)
+{
+    const __m512i lo = _mm512_srli_epi32(_mm512_castps_si512(even), 16);
+    const __m512i hi = _mm512_and_si512(_mm512_castps_si512(odd), _mm512_set1_epi32((int)0xffff0000u));
+    _mm512_store_si512(dst, _mm512_or_si512(lo, hi));
+}
+
 #include "simd/flash_attention.h"
 
 size_t mha_attn_scratch_bytes__avx512(void)
