@@ -1239,8 +1239,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         const float l = ps->l[r];
         if (blk->lse)
             blk->lse[r0 + r] = l == 0.0f ? -INFINITY : ps->m[r] + logf(l);
-        /* one division per row, then products: a vector division costs several
-           multiplies (Zen 5: 5 cycles a zmm), and a short sequence has few keys per row */
+        /* one division per row, then products: a vector division takes several
+           multiplies' time, and a short sequence has few keys per row to amortize it */
         const vf inv = vf_set1(1.0f / (l == 0.0f ? 1.0f
                                        : blk->sink ? l + expf(blk->sink[r0 + r] - ps->m[r]) : l));
         const float *o = ps->out[r];
