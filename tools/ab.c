@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dtype.h"
 #include "mha.h"
 
 typedef struct side {
@@ -93,12 +94,10 @@ static mha_dtype parse_type(const char *s)
     exit(2);
 }
 
-/* n uniform values in [-0.5, 0.5) of type t: f32, or 16 bits truncated (timing needs
-   no rounding); f16 values below its normal range become zeros. */
+/* n uniform values in [-0.5, 0.5) of type t (f32, f16 or bf16) */
 static void *random_values(size_t n, mha_dtype t)
 {
-    const size_t es = t == MHA_F32 ? 4 : 2;
-    unsigned char *p = malloc(n * es);
+    unsigned char *p = malloc(n * (size_t)mha_row_bytes(t, 1));
     if (!p)
         exit(3);
     for (size_t i = 0; i < n; i++) {
@@ -106,13 +105,7 @@ static void *random_values(size_t n, mha_dtype t)
         if (t == MHA_F32) {
             memcpy(p + 4 * i, &x, 4);
         } else {
-            unsigned bits;
-            memcpy(&bits, &x, 4);
-            const unsigned e = bits >> 23 & 0xff, sign = bits >> 16 & 0x8000;
-            const unsigned short h =
-                t == MHA_BF16 ? (unsigned short)(bits >> 16)
-                : e < 113     ? (unsigned short)sign
-                              : (unsigned short)(sign | (e - 112) << 10 | (bits >> 13 & 0x3ff));
+            const uint16_t h = t == MHA_BF16 ? mha_f32_to_bf16(x) : mha_f32_to_f16(x);
             memcpy(p + 2 * i, &h, 2);
         }
     }
@@ -195,9 +188,8 @@ int main(int argc, char **argv)
         const mha_dtype t = parse_type(arg[2]);
         j.kind = DECODE;
         j.flush = n == 4 && !strcmp(arg[3], "flush");
-        const int64_t row = t == MHA_Q8_0 ? D / 32 : D; /* elements (q8_0: blocks) per row */
-        const size_t bytes = (size_t)B * Hkv * S * (size_t)row
-                             * (t == MHA_F32 ? 4 : t == MHA_Q8_0 ? 34 : 2);
+        const int64_t row = D / mha_dtype_block_values(t); /* elements (q8_0: blocks) per row */
+        const size_t bytes = (size_t)B * Hkv * S * (size_t)mha_row_bytes(t, D);
         j.cache = (mha_kv_cache){.k = malloc(bytes), .v = malloc(bytes), .batch = B,
                                  .kv_heads = Hkv, .head_dim = D, .capacity = S,
                                  .stride_b = (int64_t)Hkv * S * row, .stride_h = (int64_t)S * row,

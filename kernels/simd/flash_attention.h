@@ -117,6 +117,13 @@ _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
                    && QK_NARROW_ROWS % VF_LANES == 0 && QK_NARROW_ROWS <= QK_ROWS,
                "tile sizes of the ISA's attention");
 
+/* Passes of many rows read f32 K and V rows in place; others (16-bit, q8_0, paged)
+ * they stage, converted or gathered, into kst and vst. */
+static int kv_staged(const mha_attn_block *blk)
+{
+    return blk->kv_type != MHA_F32 || blk->k.table;
+}
+
 /* Rows per pass: RB_L2 keep a pass's tiles in L1 when K and V come from L2;
  * when they stream from further away, RB rows cut that traffic (if dk
  * still fits one chunk of the packed Q), and when each pass converts or gathers
@@ -127,8 +134,7 @@ static int32_t pass_rows(const mha_attn_block *blk)
 {
     const int64_t kv = (int64_t)blk->seq_kv
                        * (mha_row_bytes(blk->kv_type, blk->dk) + mha_row_bytes(blk->kv_type, blk->dv));
-    const int staged = blk->kv_type != MHA_F32 || blk->k.table;
-    return (kv > KV_L2_BYTES || staged) && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
+    return (kv > KV_L2_BYTES || kv_staged(blk)) && blk->dk <= QT_FLOATS / RB ? RB : RB_L2;
 }
 
 typedef struct span {
@@ -1181,7 +1187,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->stream = ps->dot ? blk->kv_far == KV_IN_MEMORY
                          : blk->kv_far != KV_IN_L2
                                && (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
-    ps->direct = blk->kv_type == MHA_F32 && !blk->k.table;
+    ps->direct = !kv_staged(blk);
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
         int32_t d = 0;
@@ -1256,12 +1262,9 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 /* The lines of q's rows [r0, r1) into L2. */
 static void prefetch_q(const mha_attn_block *blk, int32_t r0, int32_t r1)
 {
-    for (int32_t r = r0, g = r0 / blk->group_rows, i = r0 % blk->group_rows; r < r1; r++) {
-        prefetch_row((const char *)(blk->q + g * blk->q_group_stride + i * blk->q_stride),
+    for (int32_t r = r0; r < r1; r++)
+        prefetch_row((const char *)(blk->q + mha_row_offset(blk, r, blk->q_stride, blk->q_group_stride)),
                      blk->dk * (int32_t)sizeof(float), 0);
-        if (++i == blk->group_rows)
-            i = 0, g++;
-    }
 }
 
 /* Each pass asks for the next one's q rows, and the first for its own, all at once:
