@@ -12,13 +12,17 @@ by side in one process on one set of threads (torch and libmha share its OpenMP 
      seq 512, batch 1) prefill forward (logits of the last row) on attn_implementation
      "libmha" and "sdpa": the time of the whole forward and of its attention calls.
 
-Each case runs in blocks of --min-time seconds, alternating between the contenders for
---rounds rounds; the best block's mean per call is kept (the VM's noise only slows).
+The contenders of a case take turns call by call, in rotating order, for about --rounds x
+--min-time seconds each, and each keeps the median of its calls: a shared host's speed
+drifts by more than the few percent strided and dense differ between blocks taken one
+after another, while interleaved calls see the same machine. The model case times blocks
+of --min-time seconds per implementation, --rounds times, keeping the best.
 torch's chosen SDPA backend is named by its dispatcher. Prints a table and writes --json."""
 import argparse
 import copy
 import json
 import math
+import statistics
 import time
 
 import torch
@@ -41,12 +45,22 @@ def block(fn, min_time):
 
 
 def race(fns, min_time, rounds):
-    """{name: best block mean} over rounds that each run every fn once."""
-    best = {name: math.inf for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            best[name] = min(best[name], block(fn, min_time))
-    return best
+    """{name: median seconds per call} of the fns called in turn (the first of each turn
+    rotating) for about rounds * min_time seconds each, and at least 5 turns."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for fn in fns.values():
+        fn()
+    end = time.perf_counter() + rounds * min_time * len(names)
+    turn = 0
+    while turn < 5 or time.perf_counter() < end:
+        first = turn % len(names)
+        for name in names[first:] + names[:first]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+        turn += 1
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def torch_kernel(q, k, v, **kw):
