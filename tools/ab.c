@@ -94,10 +94,17 @@ static mha_dtype parse_type(const char *s)
     exit(2);
 }
 
+/* bytes on 64-byte lines, as PyTorch's tensors (malloc puts a large block 16 bytes off
+   a line, which a strided view pays on every row) */
+static void *line_alloc(size_t bytes)
+{
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
 /* n uniform values in [-0.5, 0.5) of type t (f32, f16 or bf16) */
 static void *random_values(size_t n, mha_dtype t)
 {
-    unsigned char *p = malloc(n * (size_t)mha_row_bytes(t, 1));
+    unsigned char *p = line_alloc(n * (size_t)mha_row_bytes(t, 1));
     if (!p)
         exit(3);
     for (size_t i = 0; i < n; i++) {
@@ -190,7 +197,7 @@ int main(int argc, char **argv)
         j.flush = n == 4 && !strcmp(arg[3], "flush");
         const int64_t row = D / mha_dtype_block_values(t); /* elements (q8_0: blocks) per row */
         const size_t bytes = (size_t)B * Hkv * S * (size_t)mha_row_bytes(t, D);
-        j.cache = (mha_kv_cache){.k = malloc(bytes), .v = malloc(bytes), .batch = B,
+        j.cache = (mha_kv_cache){.k = line_alloc(bytes), .v = line_alloc(bytes), .batch = B,
                                  .kv_heads = Hkv, .head_dim = D, .capacity = S,
                                  .stride_b = (int64_t)Hkv * S * row, .stride_h = (int64_t)S * row,
                                  .stride_s = row, .dtype = t, .io_dtype = MHA_F32};
