@@ -211,7 +211,9 @@ MHA_API mha_status mha_attention(const mha_attn_dims *dims, const float *q, cons
 
 /* Strides, in elements, of a [B][H][S][d] tensor whose last dimension is contiguous:
    element (b, h, s, i) is at base + b*b + h*h + s*s + i. Strides are >= 0 (else
-   MHA_ERR_ARG); a [B][S][H][d] tensor viewed as [B][H][S][d] is {S*H*d, d, H*d}. */
+   MHA_ERR_ARG); a [B][S][H][d] tensor viewed as [B][H][S][d] is {S*H*d, d, H*d}.
+   Rows that start on 64-byte cache lines read fastest: when rows lie apart (a view
+   like the one above), each row that starts off a line spans one line more. */
 typedef struct mha_strides {
     int64_t b, h, s;
 } mha_strides;
