@@ -129,15 +129,27 @@ def dims(s):
     return b, h, hkv, n, dh, h * dh, hkv * dh
 
 
+def lines(x):
+    """x copied to an array that starts on a 64-byte cache line, as mha-bench allocates
+    libmha's buffers and engines their tensors (NumPy starts large arrays 16 bytes off a
+    line, where row loads straddle two lines)."""
+    buf = np.empty(x.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    y = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    y[...] = x
+    return y
+
+
 class Inputs:
-    """Uniform [-1, 1) activations and nn.Linear-initialized weights, fixed seed."""
+    """Uniform [-1, 1) activations and nn.Linear-initialized weights, fixed seed, each
+    array on a cache line."""
 
     def __init__(self, s):
         self.rng = np.random.default_rng(0)
         self.s = s
 
     def uniform(self, shape, bound=1.0):
-        return self.rng.uniform(-bound, bound, shape).astype(np.float32)
+        return lines(self.rng.uniform(-bound, bound, shape).astype(np.float32))
 
     def qkv(self):
         """q [B][H][S][dh], k and v [B][Hkv][S][dh]."""
@@ -234,10 +246,10 @@ class Ort:
             return "ONNX Runtime's CPU attention ops have no bfloat16 kernels"
         f16 = typed(s) == "f16"
         b, h, _, n, dh, e, _ = dims(s)
-        qkv = [x.astype(np.float16) if f16 else x for x in Inputs(s).qkv()]
+        qkv = [lines(x.astype(np.float16)) if f16 else x for x in Inputs(s).qkv()]
         q, k, v = qkv
         if op == "MultiHeadAttention":  # [B, S, H*dh]
-            q, k, v = (x.transpose(0, 2, 1, 3).reshape(b, n, -1).copy() for x in (q, k, v))
+            q, k, v = (lines(x.transpose(0, 2, 1, 3).reshape(b, n, -1)) for x in (q, k, v))
         feeds = dict(zip("qkv", (q, k, v)))
         out_shape = (b, n, e) if op == "MultiHeadAttention" else (b, h, n, dh)
         sess = self._session(
@@ -282,7 +294,10 @@ class Ort:
             return ("GroupQueryAttention has no " + kv + " cache" if kv not in ("f32", "f16")
                     else "GroupQueryAttention has no block tables")
         f16 = kv == "f16"  # the op takes q, k, v and the cache in one type
-        cast = (lambda x: x.astype(np.float16)) if f16 else (lambda x: x)
+
+        def cast(x):
+            return lines(x.astype(np.float16 if f16 else np.float32))
+
         inputs = Inputs(s)
         feeds = {"q": cast(inputs.uniform((b, sq, h * dh))), "k": cast(inputs.uniform((b, sq, hkv * dh))),
                  "v": cast(inputs.uniform((b, sq, hkv * dh))),
