@@ -236,7 +236,8 @@ MHA_API mha_status mha_attention_strided(const mha_attn_dims *dims,
    >= 0 (else MHA_ERR_ARG). v_head_dim 0 means head_dim; V strides all 0 mean K's
    strides. [B][Hkv][cap][dh] and [B][cap][Hkv][dh] are both such layouts, and so is an
    MLA latent cache where V is the first v_head_dim elements of each K row (v == k, same
-   strides). The library reads the cache in place, never copies it.
+   strides). The library reads the cache in place, never copies it; rows that start on
+   64-byte cache lines read fastest (Zen 5: f16 decode 9% slower 16 bytes off a line).
    Paged: with a block_table, row j of sequence b lives in pool block blk =
    block_table[b * max_blocks + j / block_size], at row j % block_size: its K row at k +
    blk*stride_b + g*stride_h + (j % block_size)*stride_s (V alike with its strides);
