@@ -257,7 +257,7 @@ static void pack_qt_bf16(pass *ps)
             vf_transpose(lo);
             vf_transpose(hi);
             for (int32_t i = 0; i < VF_LANES; i++) {
-                const vf *col = 2 * i < VF_LANES ? lo + 2 * i : hi + 2 * i - VF_LANES;
+                const vf *col = 2 * i < VF_LANES ? lo + 2 * i : hi + (2 * i - VF_LANES);
                 qk_store_bf16_pairs(ps->qt2 + (int64_t)(p0 + i) * ps->rp + r0, col[0], col[1]);
             }
         }
