@@ -262,8 +262,9 @@ typedef struct mha_kv_cache {
     int32_t max_blocks;         /* entries per sequence in block_table; capacity must equal
                                    max_blocks * block_size (else MHA_ERR_SHAPE) */
     int32_t num_blocks;         /* blocks in the pool: an entry a call needs that lies
-                                   outside [0, num_blocks) is MHA_ERR_ARG, nothing written;
-                                   entries past a sequence's rows are never read */
+                                   outside [0, num_blocks) is MHA_ERR_ARG, nothing written
+                                   (lens out of range are MHA_ERR_SHAPE first); entries
+                                   past a sequence's rows are never read */
 } mha_kv_cache;
 
 /* Writes seq_new new rows per sequence: k_new [B][Hkv][seq_new][dh] and v_new
