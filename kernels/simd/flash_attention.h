@@ -248,18 +248,19 @@ static void pack_qt_bf16(pass *ps)
     const int32_t pairs = ps->blk->dk / 2, whole = pairs / VF_LANES * VF_LANES;
     for (int32_t r0 = 0; r0 < ps->rp; r0 += VF_LANES)
         for (int32_t p0 = 0; p0 < whole; p0 += VF_LANES) {
-            vf lo[VF_LANES], hi[VF_LANES]; /* values 2 p0 + [0, VF_LANES) and the next VF_LANES */
+            /* rows' values 2 p0 + [0, VF_LANES), then the next VF_LANES: once transposed,
+               column c of the 2 VF_LANES values is col[c] */
+            vf col[2 * VF_LANES];
             for (int32_t i = 0; i < VF_LANES; i++) {
                 const int real = r0 + i < ps->nr;
-                lo[i] = real ? vf_loadu(ps->q[r0 + i] + 2 * p0) : vf_zero();
-                hi[i] = real ? vf_loadu(ps->q[r0 + i] + 2 * p0 + VF_LANES) : vf_zero();
+                col[i] = real ? vf_loadu(ps->q[r0 + i] + 2 * p0) : vf_zero();
+                col[VF_LANES + i] = real ? vf_loadu(ps->q[r0 + i] + 2 * p0 + VF_LANES) : vf_zero();
             }
-            vf_transpose(lo);
-            vf_transpose(hi);
-            for (int32_t i = 0; i < VF_LANES; i++) {
-                const vf *col = 2 * i < VF_LANES ? lo + 2 * i : hi + (2 * i - VF_LANES);
-                qk_store_bf16_pairs(ps->qt2 + (int64_t)(p0 + i) * ps->rp + r0, col[0], col[1]);
-            }
+            vf_transpose(col);
+            vf_transpose(col + VF_LANES);
+            for (int32_t i = 0; i < VF_LANES; i++)
+                qk_store_bf16_pairs(ps->qt2 + (int64_t)(p0 + i) * ps->rp + r0, col[2 * i],
+                                    col[2 * i + 1]);
         }
     for (int32_t r = 0; r < ps->rp; r++)
         for (int32_t p = whole; p < pairs; p++) {
