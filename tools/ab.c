@@ -1,7 +1,7 @@
 /* mha-ab: A/B of two builds of libmha in one process, calls interleaved.
  *
  *   mha-ab LIB_A LIB_B [--rounds N] attention B S H HKV DH TYPE [strided]
- *   mha-ab LIB_A LIB_B [--rounds N] decode B S TYPE [flush]
+ *   mha-ab LIB_A LIB_B [--rounds N] decode B S TYPE [flush] [paged BS]
  *   mha-ab LIB_A LIB_B [--rounds N] layer B S
  *
  * LIB_A and LIB_B are shared libraries (libmha.so.0 of two build directories, or two
@@ -15,7 +15,8 @@
  * with `strided` q, k, v and out as [B][S][H][DH] storage. decode: mha_attention_cached,
  * one row per sequence at the end of an S-row cache, H 32, Hkv 8, dh 128 (the cache
  * written by LIB_A's mha_kv_append); `flush` reads 64 MiB between calls, so that K and
- * V come from memory. layer: mha_layer_forward of BERT-base (768 wide, 12 heads),
+ * V come from memory; `paged BS`: the cache in blocks of BS rows ([Hkv][BS][dh] each),
+ * shuffled in the pool, as serving engines hand them over. layer: mha_layer_forward of BERT-base (768 wide, 12 heads),
  * self-attention. TYPE: f32, f16, bf16 (decode also q8_0). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -156,7 +157,7 @@ static void run(const job *j, side *s)
 static void usage(void)
 {
     fputs("usage: mha-ab LIB_A LIB_B [--rounds N] attention B S H HKV DH TYPE [strided]\n"
-          "       mha-ab LIB_A LIB_B [--rounds N] decode B S TYPE [flush]\n"
+          "       mha-ab LIB_A LIB_B [--rounds N] decode B S TYPE [flush] [paged BS]\n"
           "       mha-ab LIB_A LIB_B [--rounds N] layer B S\n",
           stderr);
     exit(2);
@@ -190,17 +191,38 @@ int main(int argc, char **argv)
         j.k = random_values(all, j.dims.dtype);
         j.v = random_values(all, j.dims.dtype);
         j.out = random_values(all, j.dims.dtype);
-    } else if (!strcmp(kind, "decode") && (n == 3 || n == 4)) {
+    } else if (!strcmp(kind, "decode") && n >= 3 && n <= 6) {
         const int32_t B = atoi(arg[0]), S = atoi(arg[1]), H = 32, Hkv = 8, D = 128;
         const mha_dtype t = parse_type(arg[2]);
         j.kind = DECODE;
-        j.flush = n == 4 && !strcmp(arg[3], "flush");
+        int32_t bs = 0;
+        for (int i = 3; i < n; i++)
+            if (!strcmp(arg[i], "flush"))
+                j.flush = 1;
+            else if (!strcmp(arg[i], "paged") && i + 1 < n && atoi(arg[i + 1]) > 0)
+                bs = atoi(arg[++i]);
+            else
+                usage();
         const int64_t row = D / mha_dtype_block_values(t); /* elements (q8_0: blocks) per row */
-        const size_t bytes = (size_t)B * Hkv * S * (size_t)mha_row_bytes(t, D);
+        const int32_t per = bs ? (S + bs - 1) / bs : 1, rows = bs ? bs : S;
+        const size_t bytes = (size_t)B * per * Hkv * rows * (size_t)mha_row_bytes(t, D);
         j.cache = (mha_kv_cache){.k = line_alloc(bytes), .v = line_alloc(bytes), .batch = B,
-                                 .kv_heads = Hkv, .head_dim = D, .capacity = S,
-                                 .stride_b = (int64_t)Hkv * S * row, .stride_h = (int64_t)S * row,
+                                 .kv_heads = Hkv, .head_dim = D, .capacity = per * rows,
+                                 .stride_b = (int64_t)Hkv * rows * row, .stride_h = (int64_t)rows * row,
                                  .stride_s = row, .dtype = t, .io_dtype = MHA_F32};
+        if (bs) { /* the pool's blocks in a random order */
+            int32_t *table = malloc((size_t)B * per * sizeof *table);
+            if (!table)
+                exit(3);
+            for (int32_t i = 0; i < B * per; i++)
+                table[i] = i;
+            for (int32_t i = B * per - 1; i > 0; i--) {
+                const int32_t r = rand() % (i + 1), x = table[i];
+                table[i] = table[r], table[r] = x;
+            }
+            j.cache.block_table = table;
+            j.cache.block_size = bs, j.cache.max_blocks = per, j.cache.num_blocks = B * per;
+        }
         float *kn = random_values((size_t)B * Hkv * S * D, MHA_F32);
         float *vn = random_values((size_t)B * Hkv * S * D, MHA_F32);
         j.lens = calloc((size_t)B, sizeof *j.lens);
