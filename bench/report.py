@@ -674,10 +674,25 @@ def headline_row(label, family, s, rate, info, by_key):
     speed = (f"{fmt(microseconds(family, s, isa, by_key))} µs per call" if family == "call"
              else f"{fmt(mine[isa])} {unit}")
     text = case_text(family, s, info) if family in CACHED else shape_text(s)
+    peer = f"{PEERS[family][best][0]} {fmt(theirs[best])}" if best else "—"
+    err = by_key.get((family, s["name"], best), {}).get("error") if best else None
+    if err is not None and err > LOW_PRECISION * OUT_ROUNDING[out_type(family, s)]:
+        peer += f" (error {err:.1e})"
     return [label, f"{s['name']} ({text})", f"{isa} {speed}",
-            "—" if pct is None else f"{pct:.0f}% of {bound}",
-            f"{PEERS[family][best][0]} {fmt(theirs[best])}" if best else "—",
+            "—" if pct is None else f"{pct:.0f}% of {bound}", peer,
             ratio(mine[isa], theirs.get(best)), goal_cell(family, s, isa, rate, by_key)], rec
+
+
+# What rounding the output to its type costs against float64 (f32: its tolerance), and
+# the factor above it from which a peer's error says that it computes at a lower
+# precision than its inputs and output have: the headline then shows that error.
+OUT_ROUNDING = {"f32": 1e-5, "f16": 4.9e-4, "bf16": 3.9e-3}
+LOW_PRECISION = 2
+
+
+def out_type(family, s):
+    """The output's element type: the dense families' dtype; cached calls return f32."""
+    return s.get("dtype", "f32") if family not in CACHED else "f32"
 
 
 def write_headline(out_dir, shapes, rate, info, by_key):
@@ -714,7 +729,10 @@ def write_headline(out_dir, shapes, rate, info, by_key):
         "Best peer: the fastest peer with a time for the case (—: none has one); \"vs best "
         "peer\" is libmha's speed over it. \"vs reference\" is libmha over its own reference "
         "call (prefill: GFLOP/s ratio, else time ratio) against the case's target; for the "
-        "cost of a call, libmha's time per call against its target.",
+        "cost of a call, libmha's time per call against its target. A peer's error against "
+        "float64 follows its figure where it exceeds twice what the output's type costs "
+        "(f32 1e-5, f16 4.9e-4, bf16 3.9e-3): that peer computes at a lower precision "
+        "than libmha.",
         "",
         "| family | case | libmha | % of peak or roofline | best peer | vs best peer "
         "| vs reference |",
