@@ -730,9 +730,9 @@ def write_headline(out_dir, shapes, rate, info, by_key):
         "peer\" is libmha's speed over it. \"vs reference\" is libmha over its own reference "
         "call (prefill: GFLOP/s ratio, else time ratio) against the case's target; for the "
         "cost of a call, libmha's time per call against its target. A peer's error against "
-        "float64 follows its figure where it exceeds twice what the output's type costs "
-        "(f32 1e-5, f16 4.9e-4, bf16 3.9e-3): that peer computes at a lower precision "
-        "than libmha.",
+        "float64 follows its figure where it exceeds twice what rounding the output to its "
+        "type costs (f16 4.9e-4, bf16 3.9e-3; f32: its tolerance, 1e-5): that peer computes "
+        "at a lower precision than libmha.",
         "",
         "| family | case | libmha | % of peak or roofline | best peer | vs best peer "
         "| vs reference |",

@@ -16,8 +16,9 @@
  * one row per sequence at the end of an S-row cache, H 32, Hkv 8, dh 128 (the cache
  * written by LIB_A's mha_kv_append); `flush` reads 64 MiB between calls, so that K and
  * V come from memory; `paged BS`: the cache in blocks of BS rows ([Hkv][BS][dh] each),
- * shuffled in the pool, as serving engines hand them over. layer: mha_layer_forward of BERT-base (768 wide, 12 heads),
- * self-attention. TYPE: f32, f16, bf16 (decode also q8_0). */
+ * shuffled in the pool, as serving engines hand them over. layer: mha_layer_forward
+ * of BERT-base (768 wide, 12 heads), self-attention. TYPE: f32, f16, bf16 (decode
+ * also q8_0). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
