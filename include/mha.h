@@ -47,8 +47,9 @@
  * attention of one sequence over a long cache is cut into key chunks: 128 items
  * for 8 kv heads over 16384 keys), so that many threads at most work on one
  * attention; per-thread scratch serves up to 1024 threads. An attention of less than
- * 2^18 FLOP (a decode step over a few dozen keys) runs its items on the calling
- * thread: waking the others would cost more. Calls from several
+ * about 2 us of one core's work (2^18 FLOP on AVX-512, 2^16 on NEON, 2^15 on AVX2: a
+ * decode step over a few keys) runs its items on the calling thread: waking the
+ * others would cost more. Calls from several
  * threads at once are safe. No call uses more than 16 KiB of stack on any thread: per-thread
  * scratch comes from the heap (or the workspace). The library keeps the last freed
  * scratch block of up to 4 MiB for the next call (small calls then allocate

@@ -32,8 +32,6 @@ enum {
     CHUNK_MIN = 256,
     CHUNK_LONG = 1024,
     CHUNK_ALIGN = 64,          /* chunk lengths are multiples of this */
-    SERIAL_FLOPS = 1 << 18,    /* calls of less work run on the calling thread (about 1 us
-                                  of one core): waking the workers costs more */
     KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are past a core's L2 (Zen 1's); beyond
                                   3/4 of the last-level cache, in memory (kv_far) */
 };
@@ -163,9 +161,8 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
     p->a = *a;
     const int32_t keys = max_keys(a);
     cut(p, kt->attn_block_rows, a->batch, a->heads, a->kv_heads, a->seq_q, keys);
-    /* (the scalar reference, 10-30x slower a FLOP, keeps its threads) */
-    p->serial = kt->isa != MHA_ISA_SCALAR
-                && 2.0 * a->batch * a->heads * a->seq_q * (double)keys * (a->dk + a->dv) < SERIAL_FLOPS;
+    p->serial = 2.0 * a->batch * a->heads * a->seq_q * (double)keys * (a->dk + a->dv)
+                < kt->attn_serial_flops;
     const double kv_bytes = (double)a->batch * a->kv_heads * keys
                             * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv));
     p->kv_far = kv_bytes <= KV_FAR_BYTES                               ? KV_IN_L2

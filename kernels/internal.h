@@ -135,8 +135,12 @@ typedef struct mha_kernels {
     void (*gemm_tile)(int32_t mr, int32_t kc, const float *a, int64_t lda, const float *w,
                       float *tile);
 
-    /* Attention: the driver hands blocks of at most attn_block_rows rows. */
+    /* Attention: the driver hands blocks of at most attn_block_rows rows; a call of
+     * fewer than attn_serial_flops FLOP runs its items on the calling thread (about
+     * 2 us of one core of the slowest CPU the ISA runs on, where waking the workers
+     * costs more than they save; 0: never). */
     int32_t attn_block_rows;
+    int32_t attn_serial_flops;
     size_t (*attn_scratch_bytes)(void);
     void (*attn_block)(const mha_attn_block *blk);
 

@@ -12,6 +12,7 @@ const mha_kernels mha_kernels_neon = {
     .gemm_w_bytes = 1 << 18,
     .gemm_tile = mha_gemm_8x12__neon,
     .attn_block_rows = ATTN_ROWS,
+    .attn_serial_flops = 1 << 16,
     .attn_scratch_bytes = mha_attn_scratch_bytes__neon,
     .attn_block = mha_attn_block__neon,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__neon,

@@ -12,6 +12,7 @@ const mha_kernels mha_kernels_scalar = {
     .gemm_w_bytes = 1 << 18,
     .gemm_tile = mha_gemm_1x1__scalar,
     .attn_block_rows = ATTN_ROWS,
+    .attn_serial_flops = 0, /* the reference, 10-30x slower a FLOP, keeps its threads */
     .attn_block = mha_attn_block__scalar,
     .transpose_scratch_bytes = mha_transpose_scratch_bytes__scalar,
     .transpose = mha_transpose__scalar,
