@@ -578,8 +578,9 @@ static int32_t dot_group(int32_t nr, int32_t r)
 /* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
  * the key jt - 1, and are not stored) and R rows from r0. With pf, the same keys of
  * the next tile are asked for ahead, a sub-step's worth at a time: their K rows
- * before its dot products and their V rows after them, so that the requests stay
- * spread while the FMAs run (a burst would stall on the fill buffers). */
+ * before its dot products and, into L1, their V rows after them, so that the
+ * requests stay spread while the FMAs run (a burst would stall on the fill
+ * buffers). V rows bound for L2 are asked for by the P.V instead (pv_dot). */
 static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
                                    int32_t jt, const char *const *k,
                                    int pf, const int R, const int T)
@@ -595,8 +596,8 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
         const int whole = R == ps->rp && jk + KS <= jt;
         float s[DOT_SCORES];
         dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, whole ? ps->st + jk * R : s, R, T);
-        for (int32_t i = p0; pf && i < p1; i++)
-            prefetch_row(ps->nvr[i], ps->vbytes, ps->pf_l1);
+        for (int32_t i = p0; pf && ps->pf_l1 && i < p1; i++)
+            prefetch_row(ps->nvr[i], ps->vbytes, 1);
         for (int kk = 0; !whole && kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
@@ -907,11 +908,18 @@ _Static_assert(DOT_COLS(4) % 2 == 0, "sweeps of whole bf16 pairs");
  * accumulators, each V vector loaded once for the R rows; MASKED: one vector of
  * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one
  * q8_0 block or covers whole ones (dv % 32 == 0): each block's scale is loaded once
- * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. */
+ * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. The line
+ * that starts within the sweep's bytes of each row nv[j < nn] (the next tile's V),
+ * if one does, is asked for into L2: a line per key and sweep at most. */
 static SIMD_INSTANCE void pv_sweep(
                                    int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
-                                   const float *alpha, int32_t last, const int R, const int T, const int NV, const int MASKED)
+                                   const float *alpha, int32_t last, const char *const *nv, int32_t nn,
+                                   const int R, const int T, const int NV, const int MASKED)
 {
+    /* the first line offset (a multiple of 64 from the row's start) in [b0, b1), if any */
+    const int32_t b0 = (int32_t)mha_row_bytes((mha_dtype)T, d);
+    const int32_t line = (b0 + 63) / 64 * 64;
+    const int32_t ask = line < (int32_t)mha_row_bytes((mha_dtype)T, d + NV * VF_LANES) ? nn : 0;
     const int VPB = T == MHA_Q8_0 && NV * VF_LANES >= MHA_Q8_BLOCK ? MHA_Q8_BLOCK / VF_LANES : NV;
     vf acc[4 * 8];
 SIMD_UNROLL(32)
@@ -921,6 +929,8 @@ SIMD_UNROLL(32)
         acc[i] = alpha ? vf_mul(vf_set1(alpha[i / NV]), x) : x;
     }
     for (int32_t j = 0; j < jn; j++) {
+        if (j < ask)
+            prefetch_l2(nv[j] + line);
         vf vv[8];
 SIMD_UNROLL(8)
         for (int c0 = 0; c0 < NV; c0 += VPB) {
@@ -958,42 +968,51 @@ SIMD_UNROLL(32)
  * vector at a time (the last masked), over DOT_PV_KEYS keys at a time, whose V rows
  * stay in L1 through the sweeps (a whole tile's rows at a power-of-two stride
  * would fall in a few L1 sets and be evicted between sweeps); the first key block
- * applies alpha. One instance per (R, T), out of line as dot_tiles. */
+ * applies alpha; the sweeps ask for the rows nv[j < nn] ahead. One instance per
+ * (R, T), out of line as dot_tiles. */
 enum { DOT_PV_KEYS = 32 };
 static SIMD_INSTANCE void pv_rows_as(
                                      int32_t jn, const float *p, int32_t pp, const char *const *vr, float *const *o,
-                                     const float *alpha, int32_t dv, const int R, const int T)
+                                     const float *alpha, int32_t dv, const char *const *nv, int32_t nn,
+                                     const int R, const int T)
 {
     for (int32_t j0 = 0; j0 < jn; j0 += DOT_PV_KEYS) {
         const int32_t kn = jn - j0 < DOT_PV_KEYS ? jn - j0 : DOT_PV_KEYS;
         const float *pj = p + (int64_t)j0 * pp, *aj = j0 ? NULL : alpha;
+        const char *const *nj = nv + j0;
+        const int32_t nk = nn - j0;
         int32_t d = 0;
         for (; d + DOT_COLS(R) * VF_LANES <= dv; d += DOT_COLS(R) * VF_LANES)
-            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, R, T, DOT_COLS(R), 0);
+            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, nj, nk, R, T, DOT_COLS(R), 0);
         for (; T == MHA_BF16 && d + PAIR <= dv; d += PAIR) /* the rest of the pairs */
-            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, R, T, 2, 0);
+            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, VF_LANES, nj, nk, R, T, 2, 0);
         for (; d < dv; d += VF_LANES)
-            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, dv - d < VF_LANES ? dv - d : VF_LANES, R, T,
-                     1, 1);
+            pv_sweep(kn, pj, pp, vr + j0, d, o, aj, dv - d < VF_LANES ? dv - d : VF_LANES, nj,
+                     nk, R, T, 1, 1);
     }
 }
 
 __attribute__((noinline)) static void pv_rows(int32_t jn, const float *p, int32_t pp,
                                               const char *const *vr, float *const *o,
-                                              const float *alpha, int32_t dv, int R, mha_dtype T)
+                                              const float *alpha, int32_t dv,
+                                              const char *const *nv, int32_t nn, int R, mha_dtype T)
 {
-#define RT_CALL_(r, t) pv_rows_as(jn, p, pp, vr, o, alpha, dv, r, t)
+#define RT_CALL_(r, t) pv_rows_as(jn, p, pp, vr, o, alpha, dv, nv, nn, r, t)
     RT_SWITCH_(R, T)
 #undef RT_CALL_
 }
 
 /* The P.V of a dot pass's rows [rg, rg + valid), keys [js, jv) of the tile, in the
- * row groups of its scores. */
+ * row groups of its scores. While K and V stream into L2, the pass's first group
+ * asks for the next tile's V rows of those keys, spread over its sweeps: the P.V
+ * then keeps requests in flight as the dot products do (with all of them in the
+ * dot steps, an f32 cache on Zen 1 read 10% slower). */
 static void pv_dot(pass *ps, int32_t rg, int valid, int32_t js, int32_t jv)
 {
     for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r))
         pv_rows(jv - js, ps->st + js * ps->rp + r, ps->rp, ps->vr + js, ps->out + r, ps->alpha + r,
-                ps->blk->dv, dot_group(rg + valid, r), ps->blk->kv_type);
+                ps->blk->dv, ps->nvr + js, r == 0 && !ps->pf_l1 ? ps->nn - js : 0,
+                dot_group(rg + valid, r), ps->blk->kv_type);
 }
 
 /* The tiles of one row group over columns [c0, c1) of V, whose rows (pitch ldv
