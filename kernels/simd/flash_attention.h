@@ -908,15 +908,16 @@ _Static_assert(DOT_COLS(4) % 2 == 0, "sweeps of whole bf16 pairs");
  * accumulators, each V vector loaded once for the R rows; MASKED: one vector of
  * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one
  * q8_0 block or covers whole ones (dv % 32 == 0): each block's scale is loaded once
- * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. The line
- * that starts within the sweep's bytes of each row nv[j < nn] (the next tile's V),
- * if one does, is asked for into L2: a line per key and sweep at most. */
+ * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. Where the
+ * sweep's bytes hold a multiple of 64 from the start of a row, the line of that byte
+ * in each row nv[j < nn] (the next tile's V) is asked for into L2: a line per key and
+ * sweep at most, every line of a row on 64-byte lines. */
 static SIMD_INSTANCE void pv_sweep(
                                    int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
                                    const float *alpha, int32_t last, const char *const *nv, int32_t nn,
                                    const int R, const int T, const int NV, const int MASKED)
 {
-    /* the first line offset (a multiple of 64 from the row's start) in [b0, b1), if any */
+    /* the first multiple of 64 in the sweep's bytes [b0, b1) of a row, if any */
     const int32_t b0 = (int32_t)mha_row_bytes((mha_dtype)T, d);
     const int32_t line = (b0 + 63) / 64 * 64;
     const int32_t ask = line < (int32_t)mha_row_bytes((mha_dtype)T, d + NV * VF_LANES) ? nn : 0;
