@@ -30,6 +30,9 @@
  * affects the row, whatever neighbouring rows see. A NaN or Inf that a row
  * reads (its query, a visible key's k or v, its visible bias) makes that row's
  * output NaN or Inf as IEEE arithmetic says. Masking alone never creates NaN.
+ * The SIMD kernels hold scores times log2(e) (their softmax is a power of 2): a
+ * finite score, scale q.k + bias, beyond FLT_MAX / log2(e) ~ 2.4e38 in magnitude
+ * overflows to Inf there, where the scalar reference still holds it.
  *
  * Accuracy: with inputs and weights of the scale PyTorch initializes (U(-1,1)
  * inputs, weights ~ 1/sqrt(in)), every SIMD ISA matches the scalar reference

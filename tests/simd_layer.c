@@ -42,6 +42,7 @@ static inline vf unop(simd_unop op, vf x)
     case OP_ROUND: return vf_round(x);
     case OP_POW2I: return vf_pow2i(x);
     case OP_EXP: return vf_exp(x);
+    case OP_EXP2: return vf_exp2(x);
     case OP_TANH: return vf_tanh(x);
     default: return vf_zero();
     }
@@ -155,6 +156,7 @@ static void prefetch(const void *p)
 const simd_layer_ops TABLE_NAME(MHA_SIMD_ISA) = {
     .lanes = VF_LANES,
     .exp_ulp = SIMD_EXP_ULP,
+    .exp2_ulp = SIMD_EXP2_ULP,
     .tanh_ulp = SIMD_TANH_ULP,
     .binary = binary,
     .unary = unary,

@@ -9,11 +9,11 @@
 #include <stdint.h>
 
 typedef enum simd_binop { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_COPYSIGN, OP_SELECT_LT, OP_SELECT_EQ, OP_BINOPS } simd_binop;
-typedef enum simd_unop { OP_ABS, OP_ROUND, OP_POW2I, OP_EXP, OP_TANH, OP_UNOPS } simd_unop;
+typedef enum simd_unop { OP_ABS, OP_ROUND, OP_POW2I, OP_EXP, OP_EXP2, OP_TANH, OP_UNOPS } simd_unop;
 
 typedef struct simd_layer_ops {
     int32_t lanes;
-    int32_t exp_ulp, tanh_ulp; /* the bounds simd/math.h states */
+    int32_t exp_ulp, exp2_ulp, tanh_ulp; /* the bounds simd/math.h states */
     /* y = op(a, b) element-wise; OP_SELECT_LT is a < b ? a : b, OP_SELECT_EQ
        a == b ? a : b (through vf_lt / vf_eq and vf_select). */
     void (*binary)(simd_binop op, const float *a, const float *b, float *y, int64_t n);

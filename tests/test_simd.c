@@ -2,11 +2,11 @@
  * scalar C: arithmetic, fma, max, copysign, compares and selects bit for bit
  * (special values included), masked loads and stores at every tail length flush
  * against guard pages, transpose, lane reduction (the same order in every
- * lane), masks, and the shared exp and tanh within the ulp bounds that
- * simd/math.h states: exp over every n-th float in [-87.3, 0], tanh over every n-th
- * float in [-20, 20] (n = 97, or 9973 with MHA_TEST_QUICK), plus every float
+ * lane), masks, and the shared exp, exp2 and tanh within the ulp bounds that
+ * simd/math.h states: exp over every n-th float in [-87.3, 0], exp2 in [-126, 0],
+ * tanh in [-20, 20] (n = 97, or 9973 with MHA_TEST_QUICK), plus every float
  * within 4096 ulp of tanh's switch point and the special values. When the CPU
- * has several SIMD ISAs, their exp and tanh must agree bit for bit. The element
+ * has several SIMD ISAs, their exp, exp2 and tanh must agree bit for bit. The element
  * types' conversions: every one of the 65536 binary16 and bfloat16 patterns to
  * f32 against a decoding written here from the fields, and floats of every
  * rounding class (ties both ways, the largest finite and overflow, subnormals,
@@ -305,6 +305,22 @@ static void exp_ulp_bound(void **state)
     assert_true(out[0] == 0.0f && out[1] == 0.0f && out[2] == 1.0f && isnan(out[3]));
 }
 
+static void exp2_ulp_bound(void **state)
+{
+    (void)state;
+    worst w = {0, 0};
+    sweep(OP_EXP2, exp2f, to_bits(-0.0f), to_bits(-126.0f), stride(), &w);
+    print_message("exp2: max error %lld ulp at x = %.9g (bound %d)\n", (long long)w.ulps,
+                  (double)w.x, L->exp2_ulp);
+    assert_true(w.ulps <= L->exp2_ulp);
+
+    const float special[6] = {-INFINITY, -1000.0f, -126.00001f, -126.0f, 0.0f, NAN};
+    float out[6];
+    L->unary(OP_EXP2, special, out, 6);
+    assert_true(out[0] == 0.0f && out[1] == 0.0f && out[2] == 0.0f && out[3] == 0x1p-126f);
+    assert_true(out[4] == 1.0f && isnan(out[5]));
+}
+
 static void tanh_ulp_bound(void **state)
 {
     (void)state;
@@ -484,7 +500,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(arithmetic),    cmocka_unit_test(masked_tails),
         cmocka_unit_test(transpose_and_reduce), cmocka_unit_test(masks),
-        cmocka_unit_test(exp_ulp_bound), cmocka_unit_test(tanh_ulp_bound),
+        cmocka_unit_test(exp_ulp_bound), cmocka_unit_test(exp2_ulp_bound),
+        cmocka_unit_test(tanh_ulp_bound),
         cmocka_unit_test(sixteen_bit_loads), cmocka_unit_test(sixteen_bit_stores),
     };
     return cmocka_run_group_tests_name(mha_isa_name(mha_isa_active()), tests, NULL, NULL);

@@ -61,12 +61,17 @@
  * path scores it), never on the other rows' data; keys a row does not see add
  * exact zeros, and a tile
  * that a row does not see at all leaves its m, l and O untouched (alpha is
- * exp(0) = 1 exactly), so skipping it for the whole block changes nothing. */
+ * 2^0 = 1 exactly), so skipping it for the whole block changes nothing. */
 #ifndef MHA_SIMD_FLASH_ATTENTION_H
 #define MHA_SIMD_FLASH_ATTENTION_H
 
 #include <math.h>
 #include <string.h>
+
+/* log2(e), rounded: the kernels hold scores in base 2 (exp(s) = 2^(log2(e) s)). */
+#define SCORE_LOG2E 0x1.715476p+0f
+/* ln(2) in double, for lse and sinks, back in base e. */
+#define SCORE_LN2 0x1.62e42fefa39efp-1
 
 #include "internal.h"
 #include "simd/convert.h"
@@ -157,7 +162,8 @@ typedef struct pass {
                         for dot products to a power of two below VF_LANES, else a multiple of it */
     int32_t kpv;     /* keys per vector of st: VF_LANES / rp when rp < VF_LANES, else 1 */
     int32_t dc;      /* dk chunk of the packed Q^T: QT_FLOATS / rp, a multiple of 32 */
-    int dot;         /* scores by dot products along dk; qt holds scale * q row by row */
+    int dot;         /* scores by dot products along dk; qt holds qscale * q row by row */
+    float qscale;    /* scale log2(e): scores in base 2, for exp2 (see softmax_tile) */
     int paired;      /* a dot pass over bf16 K and V, which it loads PAIR values at a time
                         (vf_load_bf16_pair): each whole PAIR chunk of a row of qt and of O
                         holds its even values, then its odd ones (see paired_order) */
@@ -189,7 +195,7 @@ typedef struct pass {
     _Alignas(64) float m[RB], l[RB], alpha[RB];
     _Alignas(64) int32_t lane_key[VF_LANES]; /* key of lane i within a vector of st: i / rp */
     _Alignas(64) float lane_keyf[VF_LANES];
-    union { /* packed Q^T: scale * q as floats, qt[d][r]; or, for bf16dp, q's bf16 pairs
+    union { /* packed Q^T: qscale * q as floats, qt[d][r]; or, for bf16dp, q's bf16 pairs
                qt2[d / 2][r] (value 2i in the low half, 2i + 1 in the high one) */
         _Alignas(64) float qt[QT_FLOATS];
         uint32_t qt2[QT_FLOATS];
@@ -207,12 +213,12 @@ typedef struct pass {
                                            H*d floats apart share a few of L1's sets) */
 } pass;
 
-/* qt[d][r] = scale * q[r][d0 + d] for d < dc, zero for padding rows: with the
+/* qt[d][r] = qscale * q[r][d0 + d] for d < dc, zero for padding rows: with the
  * scale folded into Q, the scores need no multiply. VF_LANES x VF_LANES blocks
  * are transposed in registers. */
 static void pack_qt(pass *ps, int32_t d0, int32_t dc)
 {
-    const vf scale = vf_set1(ps->blk->scale);
+    const vf scale = vf_set1(ps->qscale);
     for (int32_t r0 = 0; r0 < ps->rp; r0 += VF_LANES)
         for (int32_t d = 0; d < dc; d += VF_LANES) {
             const int32_t n = dc - d < VF_LANES ? dc - d : VF_LANES;
@@ -407,7 +413,7 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                     }
 #ifdef QK_BF16DP
                     if (ps->bf16dp) { /* wide groups only (plan_groups) */
-                        qk_tile_bf16dp(dh / 2, kp, ps->qt2 + gr.r0, ps->rp, st, ps->blk->scale);
+                        qk_tile_bf16dp(dh / 2, kp, ps->qt2 + gr.r0, ps->rp, st, ps->qscale);
                         continue;
                     }
 #endif
@@ -437,11 +443,11 @@ static void paired_order(float *x, int32_t n, int to_pairs)
     }
 }
 
-/* qt[r][d] = scale * q[r][d] row by row for the dot products (in pairs order when paired). */
+/* qt[r][d] = qscale * q[r][d] row by row for the dot products (in pairs order when paired). */
 static void pack_q_rows(pass *ps)
 {
     const int32_t dk = ps->blk->dk;
-    const vf scale = vf_set1(ps->blk->scale);
+    const vf scale = vf_set1(ps->qscale);
     for (int32_t r = 0; r < ps->nr; r++) {
         float *dst = ps->qt + (int64_t)r * dk;
         int32_t d = 0;
@@ -646,18 +652,19 @@ static void scores_dot(pass *ps, int32_t j0, int32_t jn)
     }
 }
 
-/* s + b, or -inf where b is -INFINITY whatever s is (a NaN score of a hidden key). */
+/* s + log2(e) b (scores in base 2), or -inf where b is -INFINITY whatever s is (a
+   NaN score of a hidden key). */
 static inline vf biased(vf s, vf b, vm *hides)
 {
     const vm inf = vf_eq(b, vf_set1(-INFINITY));
     *hides = vm_or(*hides, inf);
-    return vf_select(inf, b, vf_add(s, b));
+    return vf_select(inf, b, vf_fmadd(b, vf_set1(SCORE_LOG2E), s));
 }
 
 static inline float biased1(float s, float b, int *hides)
 {
     *hides |= b == -INFINITY;
-    return b == -INFINITY ? b : s + b;
+    return b == -INFINITY ? b : fmaf(b, SCORE_LOG2E, s);
 }
 
 /* st[j][r] = biased(st[j][r], bias[r][j0 + j]) for rows r < nr, keys j < jn (all
@@ -731,11 +738,13 @@ static int v_finite(const pass *ps, int32_t jn)
     return vm_all(vf_eq(acc, acc));
 }
 
-/* st = softcap * tanh(st / softcap) over the tile's rows (and, when rp < VF_LANES,
- * the lanes of its last vector past the tile, zeros here, which softmax_tile masks). */
+/* st = c tanh(st / c) with c = softcap log2(e) (scores in base 2) over the tile's
+ * rows (and, when rp < VF_LANES, the lanes of its last vector past the tile, zeros
+ * here, which softmax_tile masks). */
 static void softcap_tile(pass *ps, int32_t jn)
 {
-    const vf cap = vf_set1(ps->blk->softcap), inv = vf_set1(1.0f / ps->blk->softcap);
+    const float cap2 = ps->blk->softcap * SCORE_LOG2E;
+    const vf cap = vf_set1(cap2), inv = vf_set1(1.0f / cap2);
     for (int32_t i = jn * ps->rp; i % VF_LANES; i++)
         ps->st[i] = 0.0f;
     for (int32_t i = 0; i < jn * ps->rp; i += VF_LANES) {
@@ -761,7 +770,7 @@ static int32_t st_step(const pass *ps)
     return ps->kpv * ps->rp;
 }
 
-/* st += slope * (j - pos) for key j of the tile: ALiBi from the slopes. */
+/* st += slope * (j - pos) for key j of the tile: ALiBi from the slopes (times log2(e)). */
 static void alibi_tile(pass *ps, int32_t j0, int32_t jn)
 {
     const vf lk = vf_load(ps->lane_keyf);
@@ -786,10 +795,25 @@ static vf fold_keys(vf x, int32_t rp, int sum)
     return x;
 }
 
+/* x_v = 2^(x_v - mu) for the nv vectors x_v at x + v step; returns their sum.
+ * Its own function (noinline): its constants and chains get the register file,
+ * which the softmax's caller would otherwise spill to the stack. */
+__attribute__((noinline))
+static vf exp2_sum(float *x, int32_t nv, int32_t step, vf mu)
+{
+    vf sum = vf_zero();
+    for (int32_t v = 0; v < nv; v++, x += step) {
+        const vf p = vf_exp2(vf_sub(vf_load(x), mu));
+        vf_store(x, p);
+        sum = vf_add(sum, p);
+    }
+    return sum;
+}
+
 /* The online softmax for one tile, per row (vector lanes across rows, and across
- * kpv keys when rp < VF_LANES):
- *   s_j = (scale q).k_j + bias_j for visible keys, -inf for the others
- *   m' = max(m, max_j s_j);   P_j = exp(s_j - m');   alpha = exp(m - m')
+ * kpv keys when rp < VF_LANES), on scores in base 2 (exp(x) = 2^(log2(e) x)):
+ *   s_j = log2(e) ((scale q).k_j + bias_j) for visible keys, -inf for the others
+ *   m' = max(m, max_j s_j);   P_j = 2^(s_j - m');   alpha = 2^(m - m')
  *   l' = alpha l + sum_j P_j; (then O' = diag(alpha) O + P V in pv)
  * A row that has seen no visible key yet has m' = -inf: it uses 0 in place of
  * m', so P = 0 and alpha = 0 (O and l stay 0) instead of NaN. st becomes P;
@@ -831,23 +855,18 @@ static void softmax_tile(pass *ps, int32_t j0, int32_t jn, int careful)
         const vf m = vf_load(ps->m + g);
         const vf mn = vf_max(m, mt);
         const vf mu = vf_select(vf_eq(mn, ninf), vf_zero(), mn);
-        const vf alpha = vf_exp(vf_sub(m, mu));
+        const vf alpha = vf_exp2(vf_sub(m, mu));
         vf sum = vf_zero();
         if (careful)
             for (int32_t v = 0; v < nv; v++) {
                 float *sp = ps->st + v * step + g;
                 const vf s = vf_load(sp);
-                const vf p = vf_select(vf_eq(s, ninf), vf_set1(-0.0f), vf_exp(vf_sub(s, mu)));
+                const vf p = vf_select(vf_eq(s, ninf), vf_set1(-0.0f), vf_exp2(vf_sub(s, mu)));
                 vf_store(sp, p);
                 sum = vf_add(sum, p);
             }
         else
-            for (int32_t v = 0; v < nv; v++) {
-                float *sp = ps->st + v * step + g;
-                const vf p = vf_exp(vf_sub(vf_load(sp), mu));
-                vf_store(sp, p);
-                sum = vf_add(sum, p);
-            }
+            sum = exp2_sum(ps->st + g, nv, step, mu);
         if (ps->kpv > 1)
             sum = fold_keys(sum, ps->rp, 1);
         vf_store(ps->m + g, mn);
@@ -1132,6 +1151,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->blk = blk;
     ps->nr = nr;
     ps->dot = nr <= DOT_ROWS && (int64_t)nr * dk <= QT_FLOATS;
+    ps->qscale = blk->scale * SCORE_LOG2E;
     ps->paired = ps->dot && blk->kv_type == MHA_BF16;
 #ifdef QK_BF16DP
     ps->bf16dp = QK_BF16DP_AVAILABLE() && !ps->dot && blk->q_bf16 && blk->kv_type == MHA_BF16
@@ -1168,7 +1188,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         jmax = ps->ke[r] > jmax ? ps->ke[r] : jmax;
         ps->ke_min = r < nr && ps->ke[r] < ps->ke_min ? ps->ke[r] : ps->ke_min;
         ps->kb_max = ps->kb[r] > ps->kb_max ? ps->kb[r] : ps->kb_max;
-        ps->slope[r] = r < nr && blk->alibi_slope ? blk->alibi_slope[r0 + r] : 0.0f;
+        ps->slope[r] = r < nr && blk->alibi_slope ? blk->alibi_slope[r0 + r] * SCORE_LOG2E : 0.0f;
         ps->pos[r] = r < nr && blk->alibi_slope ? (float)blk->alibi_pos[r0 + r] : 0.0f;
         ps->m[r] = -INFINITY;
         ps->l[r] = 0.0f;
@@ -1258,18 +1278,20 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         pv(ps, j0, jn, careful);
     }
 
-    /* out = O / l (+ exp(sink - m)); rows that saw no key have l = 0 and O = 0 and
-       get zeros, with lse -inf. */
+    /* out = O / l (+ exp(sink - m ln2)), lse = m ln2 + log(l) (m in base 2, in
+       double: one rounding); rows that saw no key have l = 0 and O = 0 and get
+       zeros, with lse -inf. */
     for (int32_t r = 0; r < nr && ps->paired; r++)
         paired_order(ps->out[r], dv, 0);
     for (int32_t r = 0; r < nr; r++) {
         const float l = ps->l[r];
         if (blk->lse)
-            blk->lse[r0 + r] = l == 0.0f ? -INFINITY : ps->m[r] + logf(l);
+            blk->lse[r0 + r] = l == 0.0f ? -INFINITY : (float)(ps->m[r] * SCORE_LN2 + log(l));
         /* one division per row, then products: a vector division takes several
            multiplies' time, and a short sequence has few keys per row to amortize it */
         const vf inv = vf_set1(1.0f / (l == 0.0f ? 1.0f
-                                       : blk->sink ? l + expf(blk->sink[r0 + r] - ps->m[r]) : l));
+                                       : blk->sink ? l + (float)exp(blk->sink[r0 + r] - ps->m[r] * SCORE_LN2)
+                                                   : l));
         const float *o = ps->out[r];
         float *y = ps->dst[r];
         int32_t d = 0;
