@@ -131,12 +131,13 @@ static void arithmetic(void **state)
     L->unary(OP_ROUND, ties, rt, 6);
     for (int i = 0; i < 6; i++)
         assert_true(same(rt[i], nearbyintf(ties[i])));
-    float n[254], p[254];
-    for (int i = 0; i < 254; i++)
-        n[i] = (float)(i - 126);
-    L->unary(OP_POW2I, n, p, 254);
-    for (int i = 0; i < 254; i++)
-        assert_true(p[i] == ldexpf(1.0f, i - 126));
+    float n[255], p[255];
+    for (int i = 0; i < 255; i++)
+        n[i] = (float)(i - 127);
+    L->unary(OP_POW2I, n, p, 255);
+    assert_true(same(p[0], 0.0f)); /* 2^-127: the exponent field 0, +0 */
+    for (int i = 1; i < 255; i++)
+        assert_true(p[i] == ldexpf(1.0f, i - 127));
 }
 
 /* A masked load n floats from the end of a buffer flush against a guard page
@@ -314,11 +315,12 @@ static void exp2_ulp_bound(void **state)
                   (double)w.x, L->exp2_ulp);
     assert_true(w.ulps <= L->exp2_ulp);
 
-    const float special[6] = {-INFINITY, -1000.0f, -126.00001f, -126.0f, 0.0f, NAN};
-    float out[6];
-    L->unary(OP_EXP2, special, out, 6);
+    const float special[7] = {-INFINITY, -1000.0f, -126.5001f, -126.0f, 0.0f, NAN, -126.25f};
+    float out[7];
+    L->unary(OP_EXP2, special, out, 7);
     assert_true(out[0] == 0.0f && out[1] == 0.0f && out[2] == 0.0f && out[3] == 0x1p-126f);
     assert_true(out[4] == 1.0f && isnan(out[5]));
+    assert_true(ulps(out[6], exp2f(-126.25f)) <= 1); /* a subnormal */
 }
 
 static void tanh_ulp_bound(void **state)

@@ -55,7 +55,7 @@ static inline vf vf_copysign(vf mag, vf sgn) { return _mm512_or_ps(mag, _mm512_a
 
 /* x rounded to an integer, ties to even. */
 static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-/* 2^n for integral n in [-126, 127]: n + 127 in the exponent field. */
+/* 2^n for integral n in [-127, 127]: n + 127 in the exponent field (2^-127 gives +0). */
 static inline vf vf_pow2i(vf n)
 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));

@@ -34,7 +34,7 @@ static inline vf vf_max(vf a, vf b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
 /* x rounded to an integer, ties to even. */
 static inline vf vf_round(vf x) { return vrndnq_f32(x); }
-/* 2^n for integral n in [-126, 127]: n + 127 in the exponent field. */
+/* 2^n for integral n in [-127, 127]: n + 127 in the exponent field (2^-127 gives +0). */
 static inline vf vf_pow2i(vf n)
 {
     return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));

@@ -620,6 +620,14 @@ __attribute__((noinline)) static void dot_steps(pass *ps, int32_t r0, int32_t j,
 #undef RT_CALL_
 }
 
+/* st[j][r] = -inf for the pass's rows r and the tile's keys j0 <= j < j1. */
+static void hide_keys(pass *ps, int32_t j0, int32_t j1)
+{
+    for (int32_t j = j0; j < j1; j++)
+        for (int32_t r = 0; r < ps->nr; r++)
+            ps->st[j * ps->rp + r] = -INFINITY;
+}
+
 /* st[j][r] = (scale q[r]).k[j0 + j] for a pass of few rows, DOT_SCORES keys per
  * step for every row group; while K and V stream, the first group asks for the
  * keys one tile ahead. Keys no row sees are not read (-inf). */
@@ -628,10 +636,8 @@ static SIMD_INSTANCE void scores_dot_as(pass *ps, int32_t j0, int32_t jn,
 {
     const int32_t nr = ps->nr;
     const int32_t jf = keys_from(ps->all, j0), jt = keys_to(ps->all, j0, jn);
-    for (int32_t j = 0; j < jn; j++)
-        if (j < jf || j >= jt)
-            for (int32_t r = 0; r < nr; r++)
-                ps->st[j * ps->rp + r] = -INFINITY;
+    hide_keys(ps, 0, jf);
+    hide_keys(ps, jt > jf ? jt : jf, jn);
     for (int32_t j = jf; j < jt; j += DOT_SCORES) {
         const char *k[DOT_SCORES];
         for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
