@@ -776,15 +776,18 @@ static int32_t st_step(const pass *ps)
     return ps->kpv * ps->rp;
 }
 
-/* st += slope * (j - pos) for key j of the tile: ALiBi from the slopes (times log2(e)). */
+/* st += slope * (j - pos) for key j of the tile: ALiBi from the slopes (times log2(e)).
+ * The bounds are locals: stores to st could alias ps, and the compiler would
+ * otherwise recompute st_vectors, a division, for every vector. */
 static void alibi_tile(pass *ps, int32_t j0, int32_t jn)
 {
     const vf lk = vf_load(ps->lane_keyf);
-    for (int32_t g = 0; g < st_lanes(ps); g += VF_LANES) {
+    const int32_t lanes = st_lanes(ps), nv = st_vectors(ps, jn), step = st_step(ps), kpv = ps->kpv;
+    for (int32_t g = 0; g < lanes; g += VF_LANES) {
         const vf slope = vf_load(ps->slope + g), pos = vf_load(ps->pos + g);
-        for (int32_t v = 0; v < st_vectors(ps, jn); v++) {
-            float *sp = ps->st + v * st_step(ps) + g;
-            const vf j = vf_add(vf_set1((float)(j0 + v * ps->kpv)), lk);
+        for (int32_t v = 0; v < nv; v++) {
+            float *sp = ps->st + v * step + g;
+            const vf j = vf_add(vf_set1((float)(j0 + v * kpv)), lk);
             vf_store(sp, vf_fmadd(slope, vf_sub(j, pos), vf_load(sp)));
         }
     }
