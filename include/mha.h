@@ -115,7 +115,10 @@ MHA_API int mha_isa_count(void);
    AVX2, FMA and F16C with an OS that saves YMM state (XCR0 bits 1, 2); avx512 needs
    AVX-512 F, BW, DQ and VL plus FMA and F16C, with an OS that saves the opmask and ZMM
    state (XCR0 bits 1, 2, 5, 6, 7). The CPU's features are read once, at the first call that needs them. The
-   default is the fastest ISA the CPU has. */
+   default is the fastest ISA the CPU has. On Linux, where the CPU has AMX-BF16, that
+   first call also asks the kernel for the process's AMX tile state
+   (arch_prctl(ARCH_REQ_XCOMP_PERM)), which makes every signal frame of the process
+   about 8 KiB larger; MHA_AMX=0 keeps libmha off AMX and does not ask. */
 
 /* Element types of caches and activations; new values are only ever appended. */
 typedef enum mha_dtype {
@@ -140,7 +143,9 @@ MHA_API const char *mha_dtype_name(mha_dtype t);
    to the output's type. Where q and K are both bf16 and the CPU has AVX512-BF16, the
    avx512 kernels take q.k by bf16 dot products: each product is exact in f32 and each
    sum rounded once, as with FMAs (in another order, subnormal inputs read as zero),
-   then multiply by scale: within the same tolerance, not bit for bit the FMA path. */
+   then multiply by scale: within the same tolerance, not bit for bit the FMA path.
+   With AMX-BF16 (and head_dim a multiple of 32) the tile unit takes the same products
+   16 keys at a time, summed in f32 in its own order, subnormal inputs read as zero. */
 
 /* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
    returns when all have finished. */

@@ -4,14 +4,23 @@
  * FMA and F16C with YMM state saved by the OS (OSXSAVE, XCR0 bits 1 and 2);
  * AVX-512 needs F, BW, DQ and VL plus FMA and F16C, with opmask and ZMM state
  * saved too (XCR0 bits 5, 6 and 7); AVX512-BF16 (bf16 dot products) is an
- * extension the avx512 kernels use when present. AArch64: NEON is architectural. */
+ * extension the avx512 kernels use when present, and so is AMX-BF16 (bf16 tile
+ * products) once Linux grants the process its tile state (XCR0 bits 17 and 18, and
+ * arch_prctl(ARCH_REQ_XCOMP_PERM), asked here once unless MHA_AMX=0). AArch64: NEON
+ * is architectural. */
+#define _DEFAULT_SOURCE /* syscall */
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "internal.h"
+
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -21,8 +30,26 @@
 #define LEAF7_AVX512 (1u << 16 | 1u << 17 | 1u << 30 | 1u << 31)
 /* CPUID.7.1:EAX bit of AVX512-BF16. */
 #define LEAF7_1_AVX512_BF16 (1u << 5)
-/* The set's bit of AVX512-BF16, above the ISAs' bits. */
+/* CPUID.7.0:EDX bits of AMX-BF16 and AMX-TILE; XCR0 bits of the tile config and data. */
+#define LEAF7_EDX_AMX_BF16 (1u << 22 | 1u << 24)
+#define XCR0_AMX (3u << 17)
+/* The set's bits of AVX512-BF16 and AMX-BF16, above the ISAs' bits. */
 #define AVX512_BF16 (1u << 30)
+#define AMX_BF16 (1u << 29)
+
+/* Linux grants AMX's tile data (XFEATURE_XTILEDATA, 18) per process, once asked:
+   the signal frames of the process then grow by its 8 KiB. MHA_AMX=0 does not ask. */
+static int amx_permitted(void)
+{
+    const char *env = getenv("MHA_AMX");
+    if (env && strcmp(env, "0") == 0)
+        return 0;
+#if defined(__linux__) && defined(__x86_64__)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#else
+    return 0;
+#endif
+}
 
 static uint32_t detect(void)
 {
@@ -42,11 +69,13 @@ static uint32_t detect(void)
         set |= 1u << MHA_ISA_AVX2;
     if ((xcr0_lo & 0xe6) == 0xe6 && (ebx & LEAF7_AVX512) == LEAF7_AVX512) {
         set |= 1u << MHA_ISA_AVX512;
+        const unsigned leaf7_edx = edx;
+        if ((xcr0_lo & XCR0_AMX) == XCR0_AMX && (leaf7_edx & LEAF7_EDX_AMX_BF16) == LEAF7_EDX_AMX_BF16
+            && amx_permitted())
+            set |= AMX_BF16;
         if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & LEAF7_1_AVX512_BF16))
             set |= AVX512_BF16;
     }
-    /* An ISA on AMX tiles would also need the kernel's permission for their
-       state, asked here once: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
     return set;
 }
 #elif defined(__aarch64__)
@@ -64,7 +93,7 @@ static uint32_t detect(void)
 
 /* Bit 31: detected. Racing first calls detect the same set and store it alike. */
 #define DETECTED (1u << 31)
-_Static_assert(MHA_ISA_COUNT < 30, "the feature set holds one bit per ISA, then extensions");
+_Static_assert(MHA_ISA_COUNT < 29, "the feature set holds one bit per ISA, then extensions");
 static _Atomic uint32_t features;
 
 static uint32_t feature_set(void)
@@ -86,6 +115,15 @@ int mha_cpu_avx512_bf16(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     return (feature_set() & AVX512_BF16) != 0;
+#else
+    return 0;
+#endif
+}
+
+int mha_cpu_amx_bf16(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return (feature_set() & AMX_BF16) != 0;
 #else
     return 0;
 #endif

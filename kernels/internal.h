@@ -225,6 +225,8 @@ void mha_scratch_free(mha_scratch *s);
 int mha_cpu_supports(mha_isa isa);
 /* cpu.c: nonzero when the CPU has AVX512-BF16 (read with the ISAs, once). */
 int mha_cpu_avx512_bf16(void);
+/* cpu.c: nonzero when the CPU has AMX-BF16 and the process may use its tiles (once). */
+int mha_cpu_amx_bf16(void);
 /* cpu.c: bytes of the last-level cache that CPU 0 shares (read at the first call only). */
 int64_t mha_cpu_llc_bytes(void);
 /* cpu.c: bytes of CPU 0's L1 data cache (read at the first call only). */

@@ -205,6 +205,67 @@ static void qk_tile_bf16dp(int32_t dp, const float *const kp[8], const uint32_t 
     QK_EACH_KEY(QKB_STORE);
 }
 
+/* AMX-BF16, where the CPU and the OS allow it: TDPBF16PS adds to a 16 x 16 f32 tile the
+ * products of a 16 x 32 bf16 tile by a 32 x 16 one, taken in pairs: the exact products
+ * of vdpbf16ps summed in f32 (in the tile unit's order, subnormal inputs read as zero),
+ * 16 times the MACs of an FMA per instruction. S^T = K Q^T for 16 keys x 48 rows: A is
+ * 32 values of the 16 K rows in place (ldk bytes apart), B q's pairs as packed for
+ * qk_tile_bf16dp (pairs of a row 4 rp bytes apart), C three 16 x 16 tiles stored into
+ * st key by key, then scaled. Tiles 0-2: C; 3: A; 4-6: B; each 16 rows of 64 bytes,
+ * configured once per pass (qk_amx_begin) and released after it (qk_amx_end). */
+#define QK_AMX 1
+#define QK_AMX_AVAILABLE() mha_cpu_amx_bf16()
+enum { QK_AMX_KEYS = 16, QK_AMX_D = 32 /* values per A row */ };
+
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Static: _tile_loadconfig tells the compiler it reads 8 bytes, not the 64 that
+   ldtilecfg does, so stores into a local config could be dropped. */
+static const amx_config qk_amx_config = {.palette = 1,
+                                         .colsb = {64, 64, 64, 64, 64, 64, 64},
+                                         .rows = {16, 16, 16, 16, 16, 16, 16}};
+
+__attribute__((target("amx-tile"))) static void qk_amx_begin(void)
+{
+    _tile_loadconfig(&qk_amx_config);
+}
+
+__attribute__((target("amx-tile"))) static void qk_amx_end(void)
+{
+    _tile_release();
+}
+
+__attribute__((noinline, target("amx-tile,amx-bf16")))
+static void qk_tile_amx(int32_t dk, const char *k, int64_t ldk, const uint32_t *qt2, int32_t rp,
+                        float *st, float scale)
+{
+    const int64_t ldq = (int64_t)rp * (int64_t)sizeof(float);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int32_t d = 0; d < dk; d += QK_AMX_D) {
+        const uint32_t *q = qt2 + (int64_t)d / 2 * rp;
+        _tile_loadd(3, k + 2 * d, ldk);
+        _tile_loadd(4, q, ldq);
+        _tile_loadd(5, q + 16, ldq);
+        _tile_loadd(6, q + 32, ldq);
+        _tile_dpbf16ps(0, 3, 4);
+        _tile_dpbf16ps(1, 3, 5);
+        _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, st, ldq);
+    _tile_stored(1, st + 16, ldq);
+    _tile_stored(2, st + 32, ldq);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int i = 0; i < QK_AMX_KEYS; i++)
+        for (int c = 0; c < QK_ROWS; c += 16)
+            _mm512_store_ps(st + i * rp + c, _mm512_mul_ps(sc, _mm512_load_ps(st + i * rp + c)));
+}
+
 /* The packing of q into bf16 pairs for qk_tile_bf16dp (simd/flash_attention.h). */
 static inline void qk_store_bf16_pairs(uint32_t *dst, __m512 even, __m512 odd)
 {

@@ -27,6 +27,12 @@
  *                       dst[i] (64-byte aligned, VF_LANES of them) = the bf16 pair of
  *                       lane i: even's value in the low half, odd's in the high one
  *                       (both vectors hold bfloat16 values: their upper halves, exactly)
+ * and, optionally (QK_AMX defined, QK_AMX_AVAILABLE() true), the same scores QK_AMX_KEYS
+ * keys at a time by a tile unit, for those passes when dk % QK_AMX_D == 0:
+ *       qk_amx_begin(), qk_amx_end()    before and after such a pass
+ *       qk_tile_amx(dk, k, ldk, qt2, rp, st, scale)
+ *                       the QK_AMX_KEYS x QK_ROWS tile of qk_tile_bf16dp, K's rows
+ *                       ldk bytes apart from k
  *   RB, RB_L2           rows per pass when K and V stream from memory, and when
  *                       they sit in L2 (multiples of QK_ROWS)
  *
@@ -108,6 +114,12 @@
 #define QK_NARROW_KEYS QK_KEYS
 #define qk_tile_narrow qk_tile
 #endif
+
+#ifndef QK_AMX
+enum { QK_AMX_KEYS = 0 };
+#endif
+/* Rows of keys of st: BC, and the keys past it of a last tile-unit block. */
+enum { ST_KEYS = (int)QK_AMX_KEYS > 0 ? (BC + QK_AMX_KEYS - 1) / QK_AMX_KEYS * QK_AMX_KEYS : BC };
 
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
@@ -202,7 +214,9 @@ typedef struct pass {
     };
     int bf16dp;      /* a pass of many rows over bf16 q and K: scores by bf16 dot products
                         (the ISA's qk_tile_bf16dp), from the K rows in place */
-    _Alignas(64) float st[BC * RB];
+    int amx;         /* a bf16dp pass whose dk is a multiple of QK_AMX_D: 16-key blocks of
+                        scores by the ISA's tile unit (qk_tile_amx), the rest as bf16dp */
+    _Alignas(64) float st[ST_KEYS * RB];
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
     const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
     int32_t nn;                    /* nn of them (0 when not streaming) */
@@ -374,6 +388,36 @@ static int32_t keys_from(span sp, int32_t j0)
     return sp.begin - j0 > 0 ? sp.begin - j0 : 0;
 }
 
+#ifdef QK_AMX
+enum { KP_KEYS = (int)QK_AMX_KEYS > (int)QK_KEYS ? (int)QK_AMX_KEYS : (int)QK_KEYS };
+_Static_assert(QK_AMX_KEYS * 2 * QT_FLOATS / QK_ROWS <= (int)sizeof(float) * BC * STAGE_D,
+               "kst holds QK_AMX_KEYS bf16 rows of any dk of a bf16dp pass");
+
+
+/* The bf16 rows kp[0 .. QK_AMX_KEYS) as one tile operand, ldk bytes apart: in place when
+ * they are equally spaced (any spacing, even 0), else copied into kst. */
+static const char *amx_rows(pass *ps, const float *const *kp, int64_t *ldk)
+{
+    const char *k0 = (const char *)kp[0];
+    const ptrdiff_t step = (const char *)kp[1] - k0;
+    int even = 1;
+    for (int i = 2; i < QK_AMX_KEYS; i++)
+        even &= (const char *)kp[i] - (const char *)kp[i - 1] == step;
+    if (even) {
+        *ldk = step;
+        return k0;
+    }
+    const int64_t bytes = (int64_t)ps->blk->dk * 2;
+    char *rows = (char *)ps->kst;
+    for (int i = 0; i < QK_AMX_KEYS; i++)
+        memcpy(rows + i * bytes, kp[i], (size_t)bytes);
+    *ldk = bytes;
+    return rows;
+}
+#else
+enum { KP_KEYS = QK_KEYS > QK_NARROW_KEYS ? QK_KEYS : QK_NARROW_KEYS };
+#endif
+
 /* st = Q K^T for keys [j0, j0 + jn), in chunks of ps->dc of dk. A row
  * group skips the key groups that none of its rows sees, which trims the
  * causal diagonal; their entries get -inf (the softmax masks them anyway, but
@@ -395,7 +439,7 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
             for (int32_t g = 0; g < ps->nqk; g++) {
                 const qk_group gr = ps->qk[g];
                 const int wide = gr.rows == QK_ROWS;
-                const int32_t keys = wide ? QK_KEYS : QK_NARROW_KEYS;
+                const int32_t keys = ps->amx ? QK_AMX_KEYS : wide ? QK_KEYS : QK_NARROW_KEYS;
                 for (int32_t jg = 0; jg < jn; jg += keys) {
                     float *st = ps->st + jg * ps->rp + gr.r0;
                     if (jg >= keys_to(gr.keys, j0, jn) || jg + keys <= keys_from(gr.keys, j0)) {
@@ -404,13 +448,21 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                                 vf_store(st + i * ps->rp + c, vf_set1(-INFINITY));
                         continue;
                     }
-                    const float *kp[QK_KEYS > QK_NARROW_KEYS ? QK_KEYS : QK_NARROW_KEYS];
+                    const float *kp[KP_KEYS];
                     for (int i = 0; i < keys; i++) { /* keys past the tile repeat its last one */
                         const int32_t j = jg + i < jn ? jg + i : jn - 1;
                         kp[i] = ps->bf16dp   ? (const float *)ps->kr[j] /* bf16 pairs in place */
                                 : ps->direct ? (const float *)ps->kr[j] + ds
                                              : ps->kst + (int64_t)j * STAGE_D;
                     }
+#ifdef QK_AMX
+                    if (ps->amx) { /* a last block's keys past BC score into st's spare rows */
+                        int64_t ldk;
+                        const char *k = amx_rows(ps, kp, &ldk);
+                        qk_tile_amx(dh, k, ldk, ps->qt2 + gr.r0, ps->rp, st, ps->qscale);
+                        continue;
+                    }
+#endif
 #ifdef QK_BF16DP
                     if (ps->bf16dp) { /* wide groups only (plan_groups) */
                         qk_tile_bf16dp(dh / 2, kp, ps->qt2 + gr.r0, ps->rp, st, ps->qscale);
@@ -1169,6 +1221,13 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 #else
     ps->bf16dp = 0;
 #endif
+#ifdef QK_AMX
+    ps->amx = ps->bf16dp && dk % QK_AMX_D == 0 && QK_AMX_AVAILABLE();
+    if (ps->amx)
+        qk_amx_begin();
+#else
+    ps->amx = 0;
+#endif
     ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
     for (int32_t i = 0; i < VF_LANES; i++) {
@@ -1309,6 +1368,10 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         if (d < dv)
             vf_storeu_n(y + d, dv - d, vf_mul(vf_loadu_n(o + d, dv - d), inv));
     }
+#ifdef QK_AMX
+    if (ps->amx)
+        qk_amx_end();
+#endif
 }
 
 /* The lines of q's rows [r0, r1) into L2. */
