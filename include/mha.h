@@ -145,7 +145,9 @@ MHA_API const char *mha_dtype_name(mha_dtype t);
    sum rounded once, as with FMAs (in another order, subnormal inputs read as zero),
    then multiply by scale: within the same tolerance, not bit for bit the FMA path.
    With AMX-BF16 (and head_dim a multiple of 32) the tile unit takes the same products
-   16 keys at a time, summed in f32 in its own order, subnormal inputs read as zero. */
+   16 keys at a time, summed in f32 in its own order, subnormal inputs read as zero; and
+   P.V too (v_head_dim a multiple of 32, at most 128), each weight split into three
+   bf16 pieces whose sum is the weight exactly (pieces below 2^-126 read as zero). */
 
 /* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
    returns when all have finished. */

@@ -182,14 +182,17 @@ static void typed_vs_float64(void **state)
 
 /* mha_attention on 16-bit q, k, v and out against float64 over the same inputs; the
    bf16 shapes of many rows per kv head and even head_dim take AVX512-BF16's dot
-   products where the CPU has them (the last two: odd pair counts, key and row tails). */
+   products where the CPU has them (the fifth and sixth: odd pair counts, key and row
+   tails), and AMX's tiles where head_dim is a multiple of 32 (the last three: several
+   key tiles and passes with a tail of each, dv 64 against dk 128). */
 static void activations_16bit(void **state)
 {
     (void)state;
     rng r = {202};
     const mha_attn_dims dims[] = {{2, 4, 2, 37, 75, 64, 0, MHA_F16}, {1, 8, 2, 1, 3000, 64, 32, MHA_BF16},
                                   {3, 2, 1, 100, 100, 33, 0, MHA_BF16}, {1, 4, 4, 17, 130, 128, 0, MHA_F16},
-                                  {1, 6, 3, 130, 150, 66, 40, MHA_BF16}, {2, 2, 1, 61, 61, 128, 0, MHA_BF16}};
+                                  {1, 6, 3, 130, 150, 66, 40, MHA_BF16}, {2, 2, 1, 61, 61, 128, 0, MHA_BF16},
+                                  {1, 8, 2, 100, 300, 64, 0, MHA_BF16}, {2, 4, 1, 50, 200, 128, 64, MHA_BF16}};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) {
         const mha_attn_dims *d = &dims[i];
         const int32_t dv = d->v_head_dim ? d->v_head_dim : d->head_dim;

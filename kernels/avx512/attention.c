@@ -266,6 +266,92 @@ static void qk_tile_amx(int32_t dk, const char *k, int64_t ldk, const uint32_t *
             _mm512_store_ps(st + i * rp + c, _mm512_mul_ps(sc, _mm512_load_ps(st + i * rp + c)));
 }
 
+/* P.V on the same tiles, O[16 rows][dv] += P V over kn keys (a multiple of 32): C two
+ * 16 x 16 blocks of O in place (tiles 0, 1), A 32 keys of P for the 16 rows as three
+ * bf16 pieces whose sum is P exactly (tiles 2, 3, 6), B the pairs of V's rows for two
+ * column blocks (tiles 4, 5). pa: the pieces, [3][16][kn]; vb: V's rows paired, vb[kp][d]
+ * = (V[2 kp][d], V[2 kp + 1][d]); o: the rows' O, dv apart. */
+__attribute__((noinline, target("amx-tile,amx-bf16")))
+static void pv_tile_amx(int32_t kn, const uint16_t *pa, const uint32_t *vb, int32_t dv, float *o)
+{
+    const int64_t ldo = (int64_t)dv * (int64_t)sizeof(float), lda = (int64_t)kn * 2;
+    const uint16_t *p1 = pa + 16 * kn, *p2 = pa + 32 * kn;
+    for (int32_t d = 0; d < dv; d += 32) {
+        _tile_loadd(0, o + d, ldo);
+        _tile_loadd(1, o + d + 16, ldo);
+        for (int32_t k = 0; k < kn; k += QK_AMX_D) {
+            const uint32_t *v = vb + (int64_t)k / 2 * dv + d;
+            _tile_loadd(4, v, ldo);
+            _tile_loadd(5, v + 16, ldo);
+            _tile_loadd(2, pa + k, lda);
+            _tile_loadd(3, p1 + k, lda);
+            _tile_loadd(6, p2 + k, lda);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(1, 2, 5);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_dpbf16ps(1, 3, 5);
+            _tile_dpbf16ps(0, 6, 4);
+            _tile_dpbf16ps(1, 6, 5);
+        }
+        _tile_stored(0, o + d, ldo);
+        _tile_stored(1, o + d + 16, ldo);
+    }
+}
+
+/* vb[kp][d] = (V[2 kp][d], V[2 kp + 1][d]) for kp < kn / 2 and d < dv (a multiple of 32),
+ * V's bf16 rows vr[j] for j < jn, zeros past them. */
+static void amx_pair_v(const char *const *vr, int32_t jn, int32_t kn, int32_t dv, uint32_t *vb)
+{
+    /* lane 2i of the low (high) half: x[i] (x[16 + i]), lane 2i + 1: y[i] (y[16 + i]);
+       y's values are 32 on in vpermt2w's index */
+    static const uint16_t pair_lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t pair_hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                         24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo = _mm512_loadu_si512(pair_lo), hi = _mm512_loadu_si512(pair_hi);
+    for (int32_t kp = 0; kp < kn / 2; kp++) {
+        const char *x = 2 * kp < jn ? vr[2 * kp] : NULL, *y = 2 * kp + 1 < jn ? vr[2 * kp + 1] : NULL;
+        uint32_t *row = vb + (int64_t)kp * dv;
+        for (int32_t d = 0; d < dv; d += 32) {
+            const __m512i a = x ? _mm512_loadu_si512(x + 2 * d) : _mm512_setzero_si512();
+            const __m512i b = y ? _mm512_loadu_si512(y + 2 * d) : _mm512_setzero_si512();
+            _mm512_storeu_si512(row + d, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_storeu_si512(row + d + 16, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* pa[i][r][k] for rows r < 16 (st's lanes from st, rp floats per key) and keys k < kn:
+ * three bf16 pieces of P, the top 8 bits of its significand, the next 8, the last 8, so
+ * that their sum is P exactly (bar pieces below 2^-126, read as zero by the tiles);
+ * zeros for keys past jn. */
+__attribute__((target("avx512bf16")))
+static void amx_split_p(const float *st, int32_t rp, int32_t jn, int32_t kn, uint16_t *pa)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    for (int32_t k0 = 0; k0 < kn; k0 += 32) {
+        __m512 t[2][16];
+        for (int h = 0; h < 2; h++) {
+            for (int i = 0; i < 16; i++) {
+                const int32_t k = k0 + 16 * h + i;
+                t[h][i] = k < jn ? _mm512_load_ps(st + (int64_t)k * rp) : _mm512_setzero_ps();
+            }
+            vf_transpose(t[h]);
+        }
+        for (int r = 0; r < 16; r++) {
+            __m512 a = t[0][r], b = t[1][r];
+            for (int i = 0; i < 3; i++) {
+                const __m512 ah = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), top));
+                const __m512 bh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b), top));
+                _mm512_storeu_si512(pa + ((int64_t)i * 16 + r) * kn + k0,
+                                    (__m512i)_mm512_cvtne2ps_pbh(bh, ah));
+                a = _mm512_sub_ps(a, ah);
+                b = _mm512_sub_ps(b, bh);
+            }
+        }
+    }
+}
+
 /* The packing of q into bf16 pairs for qk_tile_bf16dp (simd/flash_attention.h). */
 static inline void qk_store_bf16_pairs(uint32_t *dst, __m512 even, __m512 odd)
 {

@@ -33,6 +33,8 @@
  *       qk_tile_amx(dk, k, ldk, qt2, rp, st, scale)
  *                       the QK_AMX_KEYS x QK_ROWS tile of qk_tile_bf16dp, K's rows
  *                       ldk bytes apart from k
+ *       amx_pair_v, amx_split_p, pv_tile_amx
+ *                       the P.V of 16 rows of such a pass (see pv_amx)
  *   RB, RB_L2           rows per pass when K and V stream from memory, and when
  *                       they sit in L2 (multiples of QK_ROWS)
  *
@@ -215,7 +217,9 @@ typedef struct pass {
     int bf16dp;      /* a pass of many rows over bf16 q and K: scores by bf16 dot products
                         (the ISA's qk_tile_bf16dp), from the K rows in place */
     int amx;         /* a bf16dp pass whose dk is a multiple of QK_AMX_D: 16-key blocks of
-                        scores by the ISA's tile unit (qk_tile_amx), the rest as bf16dp */
+                        scores by the ISA's tile unit (qk_tile_amx) */
+    int amx_pv;      /* an amx pass whose O rows are in ost and dv % 32 == 0: P.V by the
+                        tile unit too (pv_amx), but in careful tiles */
     _Alignas(64) float st[ST_KEYS * RB];
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
     const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
@@ -413,6 +417,27 @@ static const char *amx_rows(pass *ps, const float *const *kp, int64_t *ldk)
         memcpy(rows + i * bytes, kp[i], (size_t)bytes);
     *ldk = bytes;
     return rows;
+}
+
+/* P.V of a tile on the tile unit (pv_tile_amx): V's rows paired into vst, then per 16
+ * rows P's pieces into kst and O += P V in place, after O = alpha O. Keys past the tile
+ * up to a multiple of QK_AMX_D have P = 0 and V = 0. */
+_Static_assert((BC + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D / 2 * OST_D * 4 <= (int)sizeof(float) * BC * STAGE_D
+                   && 3 * 16 * (BC + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D * 2 <= (int)sizeof(float) * BC * STAGE_D,
+               "vst holds a tile's V paired, kst 16 rows of P's pieces");
+static void pv_amx(pass *ps, int32_t jn)
+{
+    const int32_t dv = ps->blk->dv, kn = (jn + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D;
+    amx_pair_v(ps->vr, jn, kn, dv, (uint32_t *)ps->vst);
+    for (int32_t r = 0; r < ps->nr; r++) {
+        const vf a = vf_set1(ps->alpha[r]);
+        for (int32_t d = 0; d < dv; d += VF_LANES)
+            vf_storeu(ps->out[r] + d, vf_mul(a, vf_loadu(ps->out[r] + d)));
+    }
+    for (int32_t r0 = 0; r0 < ps->rp; r0 += 16) {
+        amx_split_p(ps->st + r0, ps->rp, jn, kn, (uint16_t *)ps->kst);
+        pv_tile_amx(kn, (const uint16_t *)ps->kst, (const uint32_t *)ps->vst, dv, ps->ost + (int64_t)r0 * dv);
+    }
 }
 #else
 enum { KP_KEYS = QK_KEYS > QK_NARROW_KEYS ? QK_KEYS : QK_NARROW_KEYS };
@@ -1223,10 +1248,11 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 #endif
 #ifdef QK_AMX
     ps->amx = ps->bf16dp && dk % QK_AMX_D == 0 && QK_AMX_AVAILABLE();
+    ps->amx_pv = ps->amx && dv % 32 == 0 && dv <= OST_D;
     if (ps->amx)
         qk_amx_begin();
 #else
-    ps->amx = 0;
+    ps->amx = ps->amx_pv = 0;
 #endif
     ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
@@ -1298,6 +1324,9 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
                                && (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
     ps->direct = !kv_staged(blk);
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
+    for (int32_t r = nr; ps->amx_pv && r < ps->rp; r++) /* the tile unit's padding rows */
+        for (int32_t d = 0; d < dv; d += VF_LANES)
+            vf_storeu(ps->ost + (int64_t)r * dv + d, vf_zero());
     for (int32_t r = 0; r < nr; r++) { /* O = 0, in vectors: rows are short */
         int32_t d = 0;
         for (; d + VF_LANES <= dv; d += VF_LANES)
@@ -1343,6 +1372,12 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         const int hides = ps->ke_min < j0 + jn || ps->kb_max > j0 || ps->bias_hides;
         const int careful = hides && !v_finite(ps, jn);
         softmax_tile(ps, j0, jn, careful);
+#ifdef QK_AMX
+        if (ps->amx_pv && !careful) {
+            pv_amx(ps, jn);
+            continue;
+        }
+#endif
         pv(ps, j0, jn, careful);
     }
 
