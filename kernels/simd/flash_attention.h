@@ -117,11 +117,14 @@
 #define qk_tile_narrow qk_tile
 #endif
 
-#ifndef QK_AMX
+#ifdef QK_AMX
+/* Keys per tile of a tile-unit pass: whole 16-key score blocks and 32-key P.V chunks. */
+enum { AMX_BC = 64 };
+_Static_assert((int)AMX_BC <= (int)BC && AMX_BC % QK_AMX_KEYS == 0 && AMX_BC % QK_AMX_D == 0,
+               "a tile-unit pass's tiles fit the pass's buffers");
+#else
 enum { QK_AMX_KEYS = 0 };
 #endif
-/* Rows of keys of st: BC, and the keys past it of a last tile-unit block. */
-enum { ST_KEYS = (int)QK_AMX_KEYS > 0 ? (BC + QK_AMX_KEYS - 1) / QK_AMX_KEYS * QK_AMX_KEYS : BC };
 
 enum {
     QT_FLOATS = 128 * RB,     /* packed Q^T: dk chunks of QT_FLOATS / padded rows */
@@ -220,7 +223,8 @@ typedef struct pass {
                         scores by the ISA's tile unit (qk_tile_amx) */
     int amx_pv;      /* an amx pass whose O rows are in ost and dv % 32 == 0: P.V by the
                         tile unit too (pv_amx), but in careful tiles */
-    _Alignas(64) float st[ST_KEYS * RB];
+    int32_t bc;      /* keys per tile: BC, AMX_BC in amx passes */
+    _Alignas(64) float st[BC * RB];
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
     const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
     int32_t nn;                    /* nn of them (0 when not streaming) */
@@ -422,14 +426,16 @@ static const char *amx_rows(pass *ps, const float *const *kp, int64_t *ldk)
 /* P.V of a tile on the tile unit (pv_tile_amx): V's rows paired into vst, then per 16
  * rows P's pieces into kst and O += P V in place, after O = alpha O. Keys past the tile
  * up to a multiple of QK_AMX_D have P = 0 and V = 0. */
-_Static_assert((BC + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D / 2 * OST_D * 4 <= (int)sizeof(float) * BC * STAGE_D
-                   && 3 * 16 * (BC + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D * 2 <= (int)sizeof(float) * BC * STAGE_D,
+_Static_assert(AMX_BC / 2 * OST_D * 4 <= (int)sizeof(float) * BC * STAGE_D
+                   && 3 * 16 * AMX_BC * 2 <= (int)sizeof(float) * BC * STAGE_D,
                "vst holds a tile's V paired, kst 16 rows of P's pieces");
 static void pv_amx(pass *ps, int32_t jn)
 {
     const int32_t dv = ps->blk->dv, kn = (jn + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D;
     amx_pair_v(ps->vr, jn, kn, dv, (uint32_t *)ps->vst);
     for (int32_t r = 0; r < ps->nr; r++) {
+        if (ps->alpha[r] == 1.0f) /* the row's max held */
+            continue;
         const vf a = vf_set1(ps->alpha[r]);
         for (int32_t d = 0; d < dv; d += VF_LANES)
             vf_storeu(ps->out[r] + d, vf_mul(a, vf_loadu(ps->out[r] + d)));
@@ -481,7 +487,7 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                                              : ps->kst + (int64_t)j * STAGE_D;
                     }
 #ifdef QK_AMX
-                    if (ps->amx) { /* a last block's keys past BC score into st's spare rows */
+                    if (ps->amx) {
                         int64_t ldk;
                         const char *k = amx_rows(ps, kp, &ldk);
                         qk_tile_amx(dh, k, ldk, ps->qt2 + gr.r0, ps->rp, st, ps->qscale);
@@ -1249,10 +1255,12 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 #ifdef QK_AMX
     ps->amx = ps->bf16dp && dk % QK_AMX_D == 0 && QK_AMX_AVAILABLE();
     ps->amx_pv = ps->amx && dv % 32 == 0 && dv <= OST_D;
+    ps->bc = ps->amx ? AMX_BC : BC;
     if (ps->amx)
         qk_amx_begin();
 #else
     ps->amx = ps->amx_pv = 0;
+    ps->bc = BC;
 #endif
     ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
@@ -1348,12 +1356,12 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 
     /* Keys outside the pass's visible range are never read: a window costs
        its width, not the sequence. */
-    for (int32_t j0 = jmin; j0 < jmax; j0 += BC) {
-        const int32_t jn = jmax - j0 < BC ? jmax - j0 : BC;
+    for (int32_t j0 = jmin; j0 < jmax; j0 += ps->bc) {
+        const int32_t jn = jmax - j0 < ps->bc ? jmax - j0 : ps->bc;
         if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
         tile_rows(blk, j0, jn, ps->kr, ps->vr);
-        ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < BC ? jmax - j0 - jn : BC) : 0;
+        ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < ps->bc ? jmax - j0 - jn : ps->bc) : 0;
         tile_rows(blk, j0 + jn, ps->nn, ps->nkr, ps->nvr);
         for (int32_t j = 0; !ps->dot && j < ps->nn; j++)
             prefetch_row(ps->nkr[j], ps->kbytes, 0), prefetch_row(ps->nvr[j], ps->vbytes, 0);
