@@ -211,8 +211,8 @@ static void qk_tile_bf16dp(int32_t dp, const float *const kp[8], const uint32_t 
  * 16 times the MACs of an FMA per instruction. S^T = K Q^T for 16 keys x 48 rows: A is
  * 32 values of the 16 K rows in place (ldk bytes apart), B q's pairs as packed for
  * qk_tile_bf16dp (pairs of a row 4 rp bytes apart), C three 16 x 16 tiles stored into
- * st key by key, then scaled. Tiles 0-2: C; 3: A; 4-6: B; each 16 rows of 64 bytes,
- * configured once per pass (qk_amx_begin) and released after it (qk_amx_end). */
+ * st key by key, then scaled. Tiles 0-2: C; 3: A; 4-6: B; all 8 tiles 16 rows of 64
+ * bytes, configured once per pass (qk_amx_begin) and released after it (qk_amx_end). */
 #define QK_AMX 1
 #define QK_AMX_AVAILABLE() mha_cpu_amx_bf16()
 enum { QK_AMX_KEYS = 16, QK_AMX_D = 32 /* values per A row */ };
@@ -226,8 +226,8 @@ typedef struct amx_config {
 /* Static: _tile_loadconfig tells the compiler it reads 8 bytes, not the 64 that
    ldtilecfg does, so stores into a local config could be dropped. */
 static const amx_config qk_amx_config = {.palette = 1,
-                                         .colsb = {64, 64, 64, 64, 64, 64, 64},
-                                         .rows = {16, 16, 16, 16, 16, 16, 16}};
+                                         .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                         .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
 __attribute__((target("amx-tile"))) static void qk_amx_begin(void)
 {
@@ -266,35 +266,49 @@ static void qk_tile_amx(int32_t dk, const char *k, int64_t ldk, const uint32_t *
             _mm512_store_ps(st + i * rp + c, _mm512_mul_ps(sc, _mm512_load_ps(st + i * rp + c)));
 }
 
-/* P.V on the same tiles, O[16 rows][dv] += P V over kn keys (a multiple of 32): C two
- * 16 x 16 blocks of O in place (tiles 0, 1), A 32 keys of P for the 16 rows as three
- * bf16 pieces whose sum is P exactly (tiles 2, 3, 6), B the pairs of V's rows for two
- * column blocks (tiles 4, 5). pa: the pieces, [3][16][kn]; vb: V's rows paired, vb[kp][d]
- * = (V[2 kp][d], V[2 kp + 1][d]); o: the rows' O, dv apart. */
+/* P.V on the same tiles, O[16 n rows][dv] += P V over kn keys (a multiple of 32), n 1
+ * or 2: C 16 x 16 blocks of O in place, two columns blocks of each 16 rows (tiles 0, 1
+ * and 2, 3: four chains of tile products when n = 2, to cover their latency), A 32 keys
+ * of P for 16 rows as three bf16 pieces whose sum is P exactly, one piece at a time
+ * (tiles 4, 5), B the pairs of V's rows for the two column blocks (tiles 6, 7). pa: the
+ * pieces, [3][16 n][kn]; vb: V's rows paired, vb[kp][d] = (V[2 kp][d], V[2 kp + 1][d]);
+ * o: the rows' O, dv apart. */
 __attribute__((noinline, target("amx-tile,amx-bf16")))
-static void pv_tile_amx(int32_t kn, const uint16_t *pa, const uint32_t *vb, int32_t dv, float *o)
+static void pv_tile_amx(int32_t kn, const uint16_t *pa, const uint32_t *vb, int32_t dv, float *o,
+                        int n)
 {
     const int64_t ldo = (int64_t)dv * (int64_t)sizeof(float), lda = (int64_t)kn * 2;
-    const uint16_t *p1 = pa + 16 * kn, *p2 = pa + 32 * kn;
+    const int64_t piece = 16 * (int64_t)n * kn, half = 16 * (int64_t)kn;
+    float *o1 = o + 16 * (int64_t)dv;
     for (int32_t d = 0; d < dv; d += 32) {
         _tile_loadd(0, o + d, ldo);
         _tile_loadd(1, o + d + 16, ldo);
+        if (n == 2) {
+            _tile_loadd(2, o1 + d, ldo);
+            _tile_loadd(3, o1 + d + 16, ldo);
+        }
         for (int32_t k = 0; k < kn; k += QK_AMX_D) {
             const uint32_t *v = vb + (int64_t)k / 2 * dv + d;
-            _tile_loadd(4, v, ldo);
-            _tile_loadd(5, v + 16, ldo);
-            _tile_loadd(2, pa + k, lda);
-            _tile_loadd(3, p1 + k, lda);
-            _tile_loadd(6, p2 + k, lda);
-            _tile_dpbf16ps(0, 2, 4);
-            _tile_dpbf16ps(1, 2, 5);
-            _tile_dpbf16ps(0, 3, 4);
-            _tile_dpbf16ps(1, 3, 5);
-            _tile_dpbf16ps(0, 6, 4);
-            _tile_dpbf16ps(1, 6, 5);
+            _tile_loadd(6, v, ldo);
+            _tile_loadd(7, v + 16, ldo);
+            for (int i = 0; i < 3; i++) {
+                _tile_loadd(4, pa + i * piece + k, lda);
+                if (n == 2)
+                    _tile_loadd(5, pa + i * piece + half + k, lda);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                if (n == 2) {
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
         }
         _tile_stored(0, o + d, ldo);
         _tile_stored(1, o + d + 16, ldo);
+        if (n == 2) {
+            _tile_stored(2, o1 + d, ldo);
+            _tile_stored(3, o1 + d + 16, ldo);
+        }
     }
 }
 
@@ -321,35 +335,36 @@ static void amx_pair_v(const char *const *vr, int32_t jn, int32_t kn, int32_t dv
     }
 }
 
-/* pa[i][r][k] for rows r < 16 (st's lanes from st, rp floats per key) and keys k < kn:
+/* pa[i][r][k] for rows r < 16 n (st's lanes from st, rp floats per key) and keys k < kn:
  * three bf16 pieces of P, the top 8 bits of its significand, the next 8, the last 8, so
  * that their sum is P exactly (bar pieces below 2^-126, read as zero by the tiles);
  * zeros for keys past jn. */
 __attribute__((target("avx512bf16")))
-static void amx_split_p(const float *st, int32_t rp, int32_t jn, int32_t kn, uint16_t *pa)
+static void amx_split_p(const float *st, int32_t rp, int32_t jn, int32_t kn, uint16_t *pa, int n)
 {
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
-    for (int32_t k0 = 0; k0 < kn; k0 += 32) {
-        __m512 t[2][16];
-        for (int h = 0; h < 2; h++) {
-            for (int i = 0; i < 16; i++) {
-                const int32_t k = k0 + 16 * h + i;
-                t[h][i] = k < jn ? _mm512_load_ps(st + (int64_t)k * rp) : _mm512_setzero_ps();
+    for (int b = 0; b < n; b++)
+        for (int32_t k0 = 0; k0 < kn; k0 += 32) {
+            __m512 t[2][16];
+            for (int h = 0; h < 2; h++) {
+                for (int i = 0; i < 16; i++) {
+                    const int32_t k = k0 + 16 * h + i;
+                    t[h][i] = k < jn ? _mm512_load_ps(st + (int64_t)k * rp + 16 * b) : _mm512_setzero_ps();
+                }
+                vf_transpose(t[h]);
             }
-            vf_transpose(t[h]);
-        }
-        for (int r = 0; r < 16; r++) {
-            __m512 a = t[0][r], b = t[1][r];
-            for (int i = 0; i < 3; i++) {
-                const __m512 ah = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), top));
-                const __m512 bh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b), top));
-                _mm512_storeu_si512(pa + ((int64_t)i * 16 + r) * kn + k0,
-                                    (__m512i)_mm512_cvtne2ps_pbh(bh, ah));
-                a = _mm512_sub_ps(a, ah);
-                b = _mm512_sub_ps(b, bh);
+            for (int r = 0; r < 16; r++) {
+                __m512 x = t[0][r], y = t[1][r];
+                for (int i = 0; i < 3; i++) {
+                    const __m512 xh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top));
+                    const __m512 yh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(y), top));
+                    _mm512_storeu_si512(pa + ((int64_t)(i * n + b) * 16 + r) * kn + k0,
+                                        (__m512i)_mm512_cvtne2ps_pbh(yh, xh));
+                    x = _mm512_sub_ps(x, xh);
+                    y = _mm512_sub_ps(y, yh);
+                }
             }
         }
-    }
 }
 
 /* The packing of q into bf16 pairs for qk_tile_bf16dp (simd/flash_attention.h). */

@@ -423,12 +423,12 @@ static const char *amx_rows(pass *ps, const float *const *kp, int64_t *ldk)
     return rows;
 }
 
-/* P.V of a tile on the tile unit (pv_tile_amx): V's rows paired into vst, then per 16
- * rows P's pieces into kst and O += P V in place, after O = alpha O. Keys past the tile
+/* P.V of a tile on the tile unit (pv_tile_amx): V's rows paired into vst, then per 32
+ * rows (16 for a last 16) P's pieces into kst and O += P V in place, after O = alpha O. Keys past the tile
  * up to a multiple of QK_AMX_D have P = 0 and V = 0. */
 _Static_assert(AMX_BC / 2 * OST_D * 4 <= (int)sizeof(float) * BC * STAGE_D
-                   && 3 * 16 * AMX_BC * 2 <= (int)sizeof(float) * BC * STAGE_D,
-               "vst holds a tile's V paired, kst 16 rows of P's pieces");
+                   && 3 * 32 * AMX_BC * 2 <= (int)sizeof(float) * BC * STAGE_D,
+               "vst holds a tile's V paired, kst 32 rows of P's pieces");
 static void pv_amx(pass *ps, int32_t jn)
 {
     const int32_t dv = ps->blk->dv, kn = (jn + QK_AMX_D - 1) / QK_AMX_D * QK_AMX_D;
@@ -440,9 +440,10 @@ static void pv_amx(pass *ps, int32_t jn)
         for (int32_t d = 0; d < dv; d += VF_LANES)
             vf_storeu(ps->out[r] + d, vf_mul(a, vf_loadu(ps->out[r] + d)));
     }
-    for (int32_t r0 = 0; r0 < ps->rp; r0 += 16) {
-        amx_split_p(ps->st + r0, ps->rp, jn, kn, (uint16_t *)ps->kst);
-        pv_tile_amx(kn, (const uint16_t *)ps->kst, (const uint32_t *)ps->vst, dv, ps->ost + (int64_t)r0 * dv);
+    for (int32_t r0 = 0, n; r0 < ps->rp; r0 += 16 * n) {
+        n = ps->rp - r0 >= 32 ? 2 : 1;
+        amx_split_p(ps->st + r0, ps->rp, jn, kn, (uint16_t *)ps->kst, n);
+        pv_tile_amx(kn, (const uint16_t *)ps->kst, (const uint32_t *)ps->vst, dv, ps->ost + (int64_t)r0 * dv, n);
     }
 }
 #else
