@@ -22,6 +22,11 @@
 #include <sys/syscall.h>
 #endif
 
+/* The set's bits of AVX512-BF16 and AMX-BF16, above the ISAs' bits (never set
+   off x86). */
+#define AVX512_BF16 (1u << 30)
+#define AMX_BF16 (1u << 29)
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
@@ -33,9 +38,6 @@
 /* CPUID.7.0:EDX bits of AMX-BF16 and AMX-TILE; XCR0 bits of the tile config and data. */
 #define LEAF7_EDX_AMX_BF16 (1u << 22 | 1u << 24)
 #define XCR0_AMX (3u << 17)
-/* The set's bits of AVX512-BF16 and AMX-BF16, above the ISAs' bits. */
-#define AVX512_BF16 (1u << 30)
-#define AMX_BF16 (1u << 29)
 
 /* Linux grants AMX's tile data (XFEATURE_XTILEDATA, 18) per process, once asked:
    the signal frames of the process then grow by its 8 KiB. MHA_AMX=0 does not ask. */
@@ -113,20 +115,12 @@ int mha_cpu_supports(mha_isa isa)
 
 int mha_cpu_avx512_bf16(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
     return (feature_set() & AVX512_BF16) != 0;
-#else
-    return 0;
-#endif
 }
 
 int mha_cpu_amx_bf16(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
     return (feature_set() & AMX_BF16) != 0;
-#else
-    return 0;
-#endif
 }
 
 /* The text of cache index i's file `name` of CPU 0 in sysfs, "" when absent. */
