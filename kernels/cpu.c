@@ -71,9 +71,8 @@ static uint32_t detect(void)
         set |= 1u << MHA_ISA_AVX2;
     if ((xcr0_lo & 0xe6) == 0xe6 && (ebx & LEAF7_AVX512) == LEAF7_AVX512) {
         set |= 1u << MHA_ISA_AVX512;
-        const unsigned leaf7_edx = edx;
-        if ((xcr0_lo & XCR0_AMX) == XCR0_AMX && (leaf7_edx & LEAF7_EDX_AMX_BF16) == LEAF7_EDX_AMX_BF16
-            && amx_permitted())
+        if ((xcr0_lo & XCR0_AMX) == XCR0_AMX
+            && (edx & LEAF7_EDX_AMX_BF16) == LEAF7_EDX_AMX_BF16 && amx_permitted())
             set |= AMX_BF16;
         if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & LEAF7_1_AVX512_BF16))
             set |= AVX512_BF16;

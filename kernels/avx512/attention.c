@@ -318,13 +318,16 @@ static void amx_pair_v(const char *const *vr, int32_t jn, int32_t kn, int32_t dv
 {
     /* lane 2i of the low (high) half: x[i] (x[16 + i]), lane 2i + 1: y[i] (y[16 + i]);
        y's values are 32 on in vpermt2w's index */
-    static const uint16_t pair_lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    static const uint16_t pair_hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                         24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    static const uint16_t pair_lo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                         37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                         11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t pair_hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                         53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                         27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
     const __m512i lo = _mm512_loadu_si512(pair_lo), hi = _mm512_loadu_si512(pair_hi);
     for (int32_t kp = 0; kp < kn / 2; kp++) {
-        const char *x = 2 * kp < jn ? vr[2 * kp] : NULL, *y = 2 * kp + 1 < jn ? vr[2 * kp + 1] : NULL;
+        const char *x = 2 * kp < jn ? vr[2 * kp] : NULL;
+        const char *y = 2 * kp + 1 < jn ? vr[2 * kp + 1] : NULL;
         uint32_t *row = vb + (int64_t)kp * dv;
         for (int32_t d = 0; d < dv; d += 32) {
             const __m512i a = x ? _mm512_loadu_si512(x + 2 * d) : _mm512_setzero_si512();
@@ -349,15 +352,18 @@ static void amx_split_p(const float *st, int32_t rp, int32_t jn, int32_t kn, uin
             for (int h = 0; h < 2; h++) {
                 for (int i = 0; i < 16; i++) {
                     const int32_t k = k0 + 16 * h + i;
-                    t[h][i] = k < jn ? _mm512_load_ps(st + (int64_t)k * rp + 16 * b) : _mm512_setzero_ps();
+                    t[h][i] = k < jn ? _mm512_load_ps(st + (int64_t)k * rp + 16 * b)
+                                     : _mm512_setzero_ps();
                 }
                 vf_transpose(t[h]);
             }
             for (int r = 0; r < 16; r++) {
                 __m512 x = t[0][r], y = t[1][r];
                 for (int i = 0; i < 3; i++) {
-                    const __m512 xh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top));
-                    const __m512 yh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(y), top));
+                    const __m512 xh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x),
+                                                                           top));
+                    const __m512 yh = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(y),
+                                                                           top));
                     _mm512_storeu_si512(pa + ((int64_t)(i * n + b) * 16 + r) * kn + k0,
                                         (__m512i)_mm512_cvtne2ps_pbh(yh, xh));
                     x = _mm512_sub_ps(x, xh);

@@ -34,7 +34,7 @@
  *                       the QK_AMX_KEYS x QK_ROWS tile of qk_tile_bf16dp, K's rows
  *                       ldk bytes apart from k
  *       amx_pair_v, amx_split_p, pv_tile_amx
- *                       the P.V of 16 rows of such a pass (see pv_amx)
+ *                       the P.V of 16 or 32 rows of such a pass (see pv_amx)
  *   RB, RB_L2           rows per pass when K and V stream from memory, and when
  *                       they sit in L2 (multiples of QK_ROWS)
  *
@@ -398,9 +398,9 @@ static int32_t keys_from(span sp, int32_t j0)
 
 #ifdef QK_AMX
 enum { KP_KEYS = (int)QK_AMX_KEYS > (int)QK_KEYS ? (int)QK_AMX_KEYS : (int)QK_KEYS };
-_Static_assert(QK_AMX_KEYS * 2 * QT_FLOATS / QK_ROWS <= (int)sizeof(float) * BC * STAGE_D,
+/* A bf16dp pass has dk <= 2 QT_FLOATS / QK_ROWS: rows of 2 dk bytes. */
+_Static_assert(QK_AMX_KEYS * 4 * QT_FLOATS / QK_ROWS <= (int)sizeof(float) * BC * STAGE_D,
                "kst holds QK_AMX_KEYS bf16 rows of any dk of a bf16dp pass");
-
 
 /* The bf16 rows kp[0 .. QK_AMX_KEYS) as one tile operand, ldk bytes apart: in place when
  * they are equally spaced (any spacing, even 0), else copied into kst. */
@@ -424,8 +424,8 @@ static const char *amx_rows(pass *ps, const float *const *kp, int64_t *ldk)
 }
 
 /* P.V of a tile on the tile unit (pv_tile_amx): V's rows paired into vst, then per 32
- * rows (16 for a last 16) P's pieces into kst and O += P V in place, after O = alpha O. Keys past the tile
- * up to a multiple of QK_AMX_D have P = 0 and V = 0. */
+ * rows (16 for a last 16) P's pieces into kst and O += P V in place, after O = alpha O.
+ * Keys past the tile up to a multiple of QK_AMX_D have P = 0 and V = 0. */
 _Static_assert(AMX_BC / 2 * OST_D * 4 <= (int)sizeof(float) * BC * STAGE_D
                    && 3 * 32 * AMX_BC * 2 <= (int)sizeof(float) * BC * STAGE_D,
                "vst holds a tile's V paired, kst 32 rows of P's pieces");
@@ -443,7 +443,8 @@ static void pv_amx(pass *ps, int32_t jn)
     for (int32_t r0 = 0, n; r0 < ps->rp; r0 += 16 * n) {
         n = ps->rp - r0 >= 32 ? 2 : 1;
         amx_split_p(ps->st + r0, ps->rp, jn, kn, (uint16_t *)ps->kst, n);
-        pv_tile_amx(kn, (const uint16_t *)ps->kst, (const uint32_t *)ps->vst, dv, ps->ost + (int64_t)r0 * dv, n);
+        pv_tile_amx(kn, (const uint16_t *)ps->kst, (const uint32_t *)ps->vst, dv,
+                    ps->ost + (int64_t)r0 * dv, n);
     }
 }
 #else
