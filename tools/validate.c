@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "dtype.h"
+#include "internal.h"
 #include "isa_list.h"
 #include "mha.h"
 #include "ref64.h"
@@ -461,6 +462,10 @@ static void print_cpu(void)
         printf(" %s=%s", mha_isa_name((mha_isa)isa),
                mha_isa_available((mha_isa)isa) ? "yes" : "no");
     printf("; active: %s\n", mha_isa_name(mha_isa_active()));
+    if (mha_isa_available(MHA_ISA_AVX512)) /* what the avx512 kernels take bf16 scores with */
+        printf("avx512 extensions: AVX512-BF16=%s AMX-BF16=%s%s\n",
+               mha_cpu_avx512_bf16() ? "yes" : "no", mha_cpu_amx_bf16() ? "yes" : "no",
+               getenv("MHA_AMX") && strcmp(getenv("MHA_AMX"), "0") == 0 ? " (MHA_AMX=0)" : "");
     const char *env = getenv("MHA_ISA");
     if (env && strcmp(env, mha_isa_name(mha_isa_active())) != 0)
         printf("note: MHA_ISA=%s ignored (unknown or unavailable here)\n", env);
