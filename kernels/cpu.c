@@ -134,11 +134,9 @@ static void cache_text(int i, const char *name, char *text, size_t size)
     text[got > 0 ? got : 0] = 0;
 }
 
-/* Bytes of a cache of CPU 0 from sysfs: its L1 data cache (l1d), else the
- * last-level cache (the last index); 0 when sysfs does not say. */
-static int64_t sysfs_cache(int l1d)
+/* Bytes of CPU 0's L1 data cache from sysfs; 0 when sysfs does not say. */
+static int64_t sysfs_l1d(void)
 {
-    int64_t bytes = 0;
     for (int i = 0; i < 8; i++) {
         char text[32], level[8], type[16];
         cache_text(i, "size", text, sizeof text);
@@ -149,46 +147,29 @@ static int64_t sysfs_cache(int l1d)
         if (n <= 0)
             continue;
         const int64_t b = (int64_t)n << (*unit == 'K' ? 10 : *unit == 'M' ? 20 : 0);
-        if (!l1d) {
-            bytes = b;
-            continue;
-        }
         cache_text(i, "level", level, sizeof level);
         cache_text(i, "type", type, sizeof type);
         if (level[0] == '1' && type[0] == 'D')
             return b;
     }
-    return bytes;
+    return 0;
 }
 
-/* CPU 0's L1 data cache (l1d) or the last-level cache that it shares: from sysfs (a
- * virtual machine's sysconf may report the whole socket's L3: 64 MiB on an EPYC
- * whose 2 vCPUs share 8), else sysconf, else 32 KiB or 8 MiB. Read once into
- * *slot; racing first calls read the same size. */
-static int64_t cache_bytes(_Atomic int64_t *slot, int l1d)
-{
-    int64_t n = atomic_load_explicit(slot, memory_order_relaxed);
-    if (n)
-        return n;
-    n = sysfs_cache(l1d);
-#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL3_CACHE_SIZE)
-    if (n <= 0)
-        n = sysconf(l1d ? _SC_LEVEL1_DCACHE_SIZE : _SC_LEVEL3_CACHE_SIZE);
-#endif
-    if (n <= 0)
-        n = l1d ? (int64_t)32 << 10 : (int64_t)8 << 20;
-    atomic_store_explicit(slot, n, memory_order_relaxed);
-    return n;
-}
-
-int64_t mha_cpu_llc_bytes(void)
-{
-    static _Atomic int64_t llc_bytes;
-    return cache_bytes(&llc_bytes, 0);
-}
-
+/* CPU 0's L1 data cache: from sysfs, else sysconf, else 32 KiB. Read once; racing
+ * first calls read the same size. */
 int64_t mha_cpu_l1d_bytes(void)
 {
     static _Atomic int64_t l1d_bytes;
-    return cache_bytes(&l1d_bytes, 1);
+    int64_t n = atomic_load_explicit(&l1d_bytes, memory_order_relaxed);
+    if (n)
+        return n;
+    n = sysfs_l1d();
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    if (n <= 0)
+        n = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    if (n <= 0)
+        n = (int64_t)32 << 10;
+    atomic_store_explicit(&l1d_bytes, n, memory_order_relaxed);
+    return n;
 }

@@ -32,14 +32,8 @@ enum {
     CHUNK_MIN = 256,
     CHUNK_LONG = 1024,
     CHUNK_ALIGN = 64,          /* chunk lengths are multiples of this */
-    KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are past a core's L2 (Zen 1's); beyond
-                                  3/4 of the last-level cache, in memory (kv_far) */
+    KV_FAR_BYTES = 512 * 1024, /* K and V beyond this are past a core's L2 (Zen 1's) */
 };
-
-/* The most of the last-level cache that a call counts on: a server's LLC of hundreds
- * of MiB is shared by dozens of cores (and a VM's tenants). On a Xeon whose VM reports
- * 480 MiB, decode B=8 on a 134 MiB f16 cache ran 1.5x faster prefetched as from memory. */
-static const double KV_LLC_MAX = 32.0 * 1024 * 1024;
 
 /* Per-row arrays of a block, in the item's heap scratch (the stack stays small). */
 typedef struct block_rows {
@@ -170,8 +164,7 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
                 < kt->attn_serial_flops;
     const double kv_bytes = (double)a->batch * a->kv_heads * keys
                             * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv));
-    const double llc = fmin((double)mha_cpu_llc_bytes(), KV_LLC_MAX);
-    p->kv_far = kv_bytes <= KV_FAR_BYTES ? KV_IN_L2 : kv_bytes <= 0.75 * llc ? KV_IN_LLC : KV_IN_MEMORY;
+    p->kv_far = kv_bytes <= KV_FAR_BYTES ? KV_IN_L2 : KV_PAST_L2;
     p->l1d_bytes = mha_cpu_l1d_bytes();
     const int64_t items = p->blocks * p->chunks;
     const size_t partials = partial_bytes(p, a->dv);

@@ -191,15 +191,16 @@ typedef struct pass {
     span all, pv[RB / 4]; /* keys seen by the pass, and by its P.V groups */
     qk_group qk[RB / VF_LANES]; /* the score groups, nqk of them */
     int32_t nqk;
-    int stream;      /* prefetch K and V (prefetch_row): a pass of many rows when they
-                        exceed L2; a dot pass, whose chunk may be small, when the call's
-                        come from memory (from the LLC the hardware's prefetchers serve
-                        them sooner: Zen 5, 4-16 MiB of a 32 MiB L3, 9-15% faster) */
+    int stream;      /* prefetch K and V (prefetch_row) when the call's exceed L2: a dot
+                        pass, whose chunk may be small, whatever its own keys; a pass of
+                        many rows when its own exceed L2 too */
     int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
                         else they are staged (converted, gathered) into kst and vst */
     int64_t ldv;     /* V's row pitch in floats, when direct */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
-    int pf_l1;       /* a dot pass prefetches into L1: a tile's K and V rows fit in 3/4 of it */
+    int pf_l1;       /* a dot pass prefetches the tile's V into L1 as it computes its
+                        scores: they fit in 3/4 of L1; else the P.V asks for the next
+                        tile's V into L2 (pv_dot) */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
@@ -228,6 +229,7 @@ typedef struct pass {
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
     const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
     int32_t nn;                    /* nn of them (0 when not streaming) */
+    int32_t tn;                    /* the tile's keys */
     _Alignas(64) float kst[BC * STAGE_D], vst[BC * STAGE_D]; /* staged K and V columns */
     float ptail[BC * PV_ROWS]; /* P of a last group of fewer than PV_ROWS rows, padded */
     _Alignas(64) float ost[RB * OST_D]; /* O at pitch dv: its rows stay in L1 across the
@@ -334,13 +336,8 @@ static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const c
 /* The cache lines of a row of `bytes` bytes into L2, or into L1 with l1. While K
  * and V stream from beyond L2, the rows of the next tile are asked for (nkr, nvr):
  * a pass of many rows asks for them into L2 at the tile's start (a tile would not
- * fit L1); a dot pass, whose compute per key is small, asks for a key's rows at each
- * of its steps, so that its requests stay in flight while it computes (a burst
- * would stall on the fill buffers, and asking for V during P.V instead was slower
- * on Zen 1), into L1 when a tile of them fits in 3/4 of it (pf_l1). Decode B=8 from
- * memory on Zen 5 (48 KiB of L1), contiguous or paged, avx512 and avx2: f16 and bf16
- * at dh 128 (36 KiB a tile ahead) and f32 at dh 64 8-15% faster into L1, q8_0 within
- * noise, f32 at dh 128 (72 KiB) slower. */
+ * fit L1); a dot pass, whose compute per key is small, asks for K rows a few keys
+ * ahead and V rows of the tile at each of its steps (dot_step). */
 static inline void prefetch_row(const char *row, int32_t bytes, int l1)
 {
     for (const char *c = row - (uintptr_t)row % 64; c < row + bytes; c += 64)
@@ -667,11 +664,14 @@ static int32_t dot_group(int32_t nr, int32_t r)
 }
 
 /* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
- * the key jt - 1, and are not stored) and R rows from r0. With pf, the same keys of
- * the next tile are asked for ahead, a sub-step's worth at a time: their K rows
- * before its dot products and, into L1, their V rows after them, so that the
- * requests stay spread while the FMAs run (a burst would stall on the fill
- * buffers). V rows bound for L2 are asked for by the P.V instead (pv_dot). */
+ * the key jt - 1, and are not stored) and R rows from r0. With pf, a sub-step's
+ * worth of K rows DOT_PF_KEYS keys ahead (into the next tile) are asked for into L1
+ * before its dot products, and its keys' V rows after them, for the P.V at the
+ * tile's end: the requests stay spread while the FMAs run (a burst would stall on
+ * the fill buffers), and L1 holds the tile's V, not the next tile's too. Against
+ * the whole next tile's rows a tile ahead, on a Xeon (AVX-512, 48 KiB of L1), decode
+ * Skv=4096: f16 B=1 1.12x, f32 B=8 1.16x, paged f16 B=8 1.06x, q8_0 within noise. */
+enum { DOT_PF_KEYS = 8 };
 static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
                                    int32_t jt, const char *const *k,
                                    int pf, const int R, const int T)
@@ -679,16 +679,18 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
     const int KS = DOT_SCORES / R;
     const int32_t dk = ps->blk->dk;
     for (int sub = 0; sub < R; sub++) {
-        const int32_t p0 = j + sub * KS, p1 = p0 + KS < ps->nn ? p0 + KS : ps->nn;
-        for (int32_t i = p0; pf && i < p1; i++)
-            prefetch_row(ps->nkr[i], ps->kbytes, ps->pf_l1);
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
+        for (int32_t i = jk + DOT_PF_KEYS; pf && i < jk + KS + DOT_PF_KEYS; i++) {
+            const char *row = i < ps->tn ? ps->kr[i] : i - ps->tn < ps->nn ? ps->nkr[i - ps->tn] : NULL;
+            if (row)
+                prefetch_row(row, ps->kbytes, 1);
+        }
         /* a group of all the pass's rows writes its keys' scores in place */
         const int whole = R == ps->rp && jk + KS <= jt;
         float s[DOT_SCORES];
         dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, whole ? ps->st + jk * R : s, R, T);
-        for (int32_t i = p0; pf && ps->pf_l1 && i < p1; i++)
-            prefetch_row(ps->nvr[i], ps->vbytes, 1);
+        for (int32_t i = jk; pf && ps->pf_l1 && i < jk + KS && i < jt; i++)
+            prefetch_row(ps->vr[i], ps->vbytes, 1);
         for (int kk = 0; !whole && kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
@@ -728,7 +730,7 @@ static SIMD_INSTANCE void scores_dot_as(pass *ps, int32_t j0, int32_t jn,
         for (int kk = 0; kk < DOT_SCORES; kk++) /* keys past the range repeat its last one */
             k[kk] = ps->kr[j + kk < jt ? j + kk : jt - 1];
         for (int32_t r = 0; r < nr; r += dot_group(nr, r))
-            dot_steps(ps, r, j, jt, k, r == 0, dot_group(nr, r), (mha_dtype)T);
+            dot_steps(ps, r, j, jt, k, r == 0 && ps->stream, dot_group(nr, r), (mha_dtype)T);
     }
 }
 
@@ -1117,10 +1119,10 @@ __attribute__((noinline)) static void pv_rows(int32_t jn, const float *p, int32_
 }
 
 /* The P.V of a dot pass's rows [rg, rg + valid), keys [js, jv) of the tile, in the
- * row groups of its scores. While K and V stream into L2, the pass's first group
- * asks for the next tile's V rows of those keys, spread over its sweeps: the P.V
- * then keeps requests in flight as the dot products do (with all of them in the
- * dot steps, an f32 cache on Zen 1 read 10% slower). */
+ * row groups of its scores. While K and V stream and a tile's V rows would not fit
+ * L1, the pass's first group asks for the next tile's V rows of those keys into L2,
+ * spread over its sweeps: the P.V then keeps requests in flight as the dot products
+ * do (with all of them in the dot steps, an f32 cache on Zen 1 read 10% slower). */
 static void pv_dot(pass *ps, int32_t rg, int valid, int32_t js, int32_t jv)
 {
     for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r))
@@ -1328,10 +1330,9 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->pf_l1 = ps->dot && 4 * (int64_t)BC * (ps->kbytes + ps->vbytes) <= 3 * blk->l1d_bytes;
-    ps->stream = ps->dot ? blk->kv_far == KV_IN_MEMORY
-                         : blk->kv_far != KV_IN_L2
-                               && (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES;
+    ps->pf_l1 = 4 * (int64_t)ps->bc * ps->vbytes <= 3 * blk->l1d_bytes;
+    ps->stream = blk->kv_far == KV_PAST_L2
+                 && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
     ps->direct = !kv_staged(blk);
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = nr; ps->amx_pv && r < ps->rp; r++) /* the tile unit's padding rows */
@@ -1363,6 +1364,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
         if (blk->bias && !tile_visible(ps, j0, jn))
             continue;
         tile_rows(blk, j0, jn, ps->kr, ps->vr);
+        ps->tn = jn;
         ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < ps->bc ? jmax - j0 - jn : ps->bc) : 0;
         tile_rows(blk, j0 + jn, ps->nn, ps->nkr, ps->nvr);
         for (int32_t j = 0; !ps->dot && j < ps->nn; j++)
