@@ -139,8 +139,9 @@ _Static_assert(BC % QK_KEYS == 0 && RB % QK_ROWS == 0 && RB_L2 % QK_ROWS == 0
                    && QK_NARROW_ROWS % VF_LANES == 0 && QK_NARROW_ROWS <= QK_ROWS,
                "tile sizes of the ISA's attention");
 
-/* Passes of many rows read f32 K and V rows in place; others (16-bit, q8_0, paged)
- * they stage, converted or gathered, into kst and vst. */
+/* Passes of many rows read f32 K rows in place, and f32 V rows of a tile at one
+ * stride; others (16-bit, q8_0, a paged tile across blocks) they stage, converted or
+ * gathered, into kst and vst. */
 static int kv_staged(const mha_attn_block *blk)
 {
     return blk->kv_type != MHA_F32 || blk->k.table;
@@ -194,9 +195,11 @@ typedef struct pass {
     int stream;      /* prefetch K and V (prefetch_row) when the call's exceed L2: a dot
                         pass, whose chunk may be small, whatever its own keys; a pass of
                         many rows when its own exceed L2 too */
-    int direct;      /* K and V are f32 rows at one stride: tiles read them in place;
-                        else they are staged (converted, gathered) into kst and vst */
-    int64_t ldv;     /* V's row pitch in floats, when direct */
+    int kdirect;     /* K is f32: the score tiles read its rows in place (kr); else they
+                        are staged (converted) into kst */
+    int vdirect;     /* the tile's V rows are f32 at one stride: the P.V reads them in
+                        place; else they are staged (converted, gathered) into vst */
+    int64_t ldv;     /* V's row pitch in floats, when vdirect */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
     int pf_l1;       /* a dot pass prefetches the tile's V into L1 as it computes its
                         scores: they fit in 3/4 of L1; else the P.V asks for the next
@@ -333,6 +336,15 @@ static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const c
     }
 }
 
+/* Are rows[j] = rows[0] + j stride for j < n (a paged tile within one block)? */
+static int even_rows(const char *const *rows, int32_t n, int64_t stride)
+{
+    for (int32_t j = 1; j < n; j++)
+        if (rows[j] != rows[0] + j * stride)
+            return 0;
+    return 1;
+}
+
 /* The cache lines of a row of `bytes` bytes into L2, or into L1 with l1. While K
  * and V stream from beyond L2, the rows of the next tile are asked for (nkr, nvr):
  * a pass of many rows asks for them into L2 at the tile's start (a tile would not
@@ -461,10 +473,10 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
             pack_qt(ps, d0, dc);
         /* Staged K goes STAGE_D columns at a time; resuming the FMA chains from st
            between them keeps every bit. */
-        const int32_t cstep = ps->direct || ps->bf16dp ? dc : STAGE_D;
+        const int32_t cstep = ps->kdirect || ps->bf16dp ? dc : STAGE_D;
         for (int32_t ds = d0; ds < d0 + dc; ds += cstep) {
             const int32_t cw = d0 + dc - ds < cstep ? d0 + dc - ds : cstep;
-            if (!ps->direct && !ps->bf16dp)
+            if (!ps->kdirect && !ps->bf16dp)
                 stage(ps->blk->kv_type, ps->kst, ps->kr, 0, jn, ds, cw);
             for (int32_t g = 0; g < ps->nqk; g++) {
                 const qk_group gr = ps->qk[g];
@@ -482,7 +494,7 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                     for (int i = 0; i < keys; i++) { /* keys past the tile repeat its last one */
                         const int32_t j = jg + i < jn ? jg + i : jn - 1;
                         kp[i] = ps->bf16dp   ? (const float *)ps->kr[j] /* bf16 pairs in place */
-                                : ps->direct ? (const float *)ps->kr[j] + ds
+                                : ps->kdirect ? (const float *)ps->kr[j] + ds
                                              : ps->kst + (int64_t)j * STAGE_D;
                     }
 #ifdef QK_AMX
@@ -1163,17 +1175,17 @@ static void pv_cols(int32_t jn, const float *p, int32_t pp, const float *v, int6
 /* O = diag(alpha) O + P V[j0 .. j0 + jn) over the pass's rows. A row group
  * runs from the first to the last key any of its rows sees (P is 0 outside),
  * and a group that sees none of the tile keeps O (alpha is 1 or O is 0). V is
- * read in place when direct; else STAGE_D columns at a time are staged for the
+ * read in place when vdirect; else STAGE_D columns at a time are staged for the
  * keys any row group reads, then every group runs over them (the same tiles,
  * column for column, as in place). */
 static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
 {
     const int32_t dh = ps->blk->dv;
     const int32_t group = ps->dot ? 4 : PV_ROWS;
-    const int32_t cstep = ps->direct || ps->dot || careful ? dh : STAGE_D;
+    const int32_t cstep = ps->vdirect || ps->dot || careful ? dh : STAGE_D;
     for (int32_t c0 = 0; c0 < dh; c0 += cstep) {
         const int32_t c1 = dh - c0 < cstep ? dh : c0 + cstep;
-        if (!ps->direct && !ps->dot && !careful)
+        if (!ps->vdirect && !ps->dot && !careful)
             stage(ps->blk->kv_type, ps->vst, ps->vr, keys_from(ps->all, j0),
                   keys_to(ps->all, j0, jn), c0, c1 - c0);
         for (int32_t rg = 0; rg < ps->nr; rg += group) {
@@ -1208,7 +1220,7 @@ static void pv(pass *ps, int32_t j0, int32_t jn, int careful)
                 p = ps->ptail;
                 pp = PV_ROWS;
             }
-            if (ps->direct)
+            if (ps->vdirect)
                 pv_cols(jv - js, p, pp, (const float *)ps->vr[js] + c0, ps->ldv, o, alpha, valid,
                         c0, c1);
             else
@@ -1342,7 +1354,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->pf_l1 = 4 * (int64_t)ps->bc * ps->vbytes <= 3 * blk->l1d_bytes;
     ps->stream = blk->kv_far == KV_PAST_L2
                  && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
-    ps->direct = !kv_staged(blk);
+    ps->kdirect = blk->kv_type == MHA_F32;
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
     for (int32_t r = nr; ps->amx_pv && r < ps->rp; r++) /* the tile unit's padding rows */
         for (int32_t d = 0; d < dv; d += VF_LANES)
@@ -1374,6 +1386,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             continue;
         tile_rows(blk, j0, jn, ps->kr, ps->vr);
         ps->tn = jn;
+        ps->vdirect = ps->kdirect && even_rows(ps->vr, jn, blk->v.stride);
         ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < ps->bc ? jmax - j0 - jn : ps->bc) : 0;
         tile_rows(blk, j0 + jn, ps->nn, ps->nkr, ps->nvr);
         for (int32_t j = 0; !ps->dot && j < ps->nn; j++)
