@@ -493,9 +493,9 @@ static void scores(pass *ps, int32_t j0, int32_t jn)
                     const float *kp[KP_KEYS];
                     for (int i = 0; i < keys; i++) { /* keys past the tile repeat its last one */
                         const int32_t j = jg + i < jn ? jg + i : jn - 1;
-                        kp[i] = ps->bf16dp   ? (const float *)ps->kr[j] /* bf16 pairs in place */
+                        kp[i] = ps->bf16dp    ? (const float *)ps->kr[j] /* bf16 pairs in place */
                                 : ps->kdirect ? (const float *)ps->kr[j] + ds
-                                             : ps->kst + (int64_t)j * STAGE_D;
+                                              : ps->kst + (int64_t)j * STAGE_D;
                     }
 #ifdef QK_AMX
                     if (ps->amx) {
@@ -675,6 +675,19 @@ static int32_t dot_group(int32_t nr, int32_t r)
     return nr - r >= 4 ? 4 : nr - r >= 2 ? 2 : 1;
 }
 
+/* Is key i from the tile's start (past it: the next tile's) known to the pass? */
+static inline int ahead(const pass *ps, int32_t i)
+{
+    return i < ps->tn + ps->nn;
+}
+
+/* The row of key i of ahead(): rows[i] of the tile, or next[i - tn] of the next. */
+static inline const char *row_ahead(const pass *ps, const char *const *rows,
+                                    const char *const *next, int32_t i)
+{
+    return i < ps->tn ? rows[i] : next[i - ps->tn];
+}
+
 /* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
  * the key jt - 1, and are not stored) and R rows from r0. With pf, a sub-step's
  * worth of K rows DOT_PF_KEYS keys ahead (into the next tile) are asked for into L1
@@ -695,17 +708,12 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
     const int32_t dk = ps->blk->dk;
     for (int sub = 0; sub < R; sub++) {
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
-        for (int32_t i = jk + DOT_PF_KEYS; pf && i < jk + KS + DOT_PF_KEYS; i++) {
-            const char *row = i < ps->tn ? ps->kr[i] : i - ps->tn < ps->nn ? ps->nkr[i - ps->tn] : NULL;
-            if (row)
-                prefetch_row(row, ps->kbytes, 1);
-        }
-        for (int32_t i = jk + DOT_PF_FAR; pf && ps->blk->k.table && i < jk + KS + DOT_PF_FAR; i++) {
-            if (i < ps->tn)
-                prefetch_l2(ps->kr[i]), prefetch_l2(ps->vr[i]);
-            else if (i - ps->tn < ps->nn)
-                prefetch_l2(ps->nkr[i - ps->tn]), prefetch_l2(ps->nvr[i - ps->tn]);
-        }
+        for (int32_t i = jk + DOT_PF_KEYS; pf && i < jk + KS + DOT_PF_KEYS && ahead(ps, i); i++)
+            prefetch_row(row_ahead(ps, ps->kr, ps->nkr, i), ps->kbytes, 1);
+        for (int32_t i = jk + DOT_PF_FAR; pf && ps->blk->k.table && i < jk + KS + DOT_PF_FAR
+                                          && ahead(ps, i); i++)
+            prefetch_l2(row_ahead(ps, ps->kr, ps->nkr, i)),
+                prefetch_l2(row_ahead(ps, ps->vr, ps->nvr, i));
         /* a group of all the pass's rows writes its keys' scores in place */
         const int whole = R == ps->rp && jk + KS <= jt;
         float s[DOT_SCORES];
