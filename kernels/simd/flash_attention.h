@@ -316,23 +316,31 @@ static int tile_visible(const pass *ps, int32_t j0, int32_t jn)
     return 0;
 }
 
-/* kr[j], vr[j]: the K and V rows of keys j0 + j, j < jn; with a block table the
- * walk steps through the blocks without dividing per key. */
+/* kr[j], vr[j]: the K and V rows of keys j0 + j, j < jn; with a block table, the
+ * table is read once per block and the rows stepped by their stride within it. */
 static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const char **kr,
                       const char **vr)
 {
-    if (!blk->k.table) {
+    if (jn <= 0)
+        return;
+    const mha_rows *k = &blk->k, *v = &blk->v;
+    const char *kp = mha_row(k, j0), *vp = mha_row(v, j0);
+    if (!k->table) {
         for (int32_t j = 0; j < jn; j++)
-            kr[j] = mha_row(&blk->k, j0 + j), vr[j] = mha_row(&blk->v, j0 + j);
+            kr[j] = kp + j * k->stride, vr[j] = vp + j * v->stride;
         return;
     }
-    const int32_t bs = blk->k.block_size;
-    int32_t row = blk->k.first + j0, b = row / bs, i = row % bs;
+    const int32_t bs = k->block_size;
+    int32_t b = (k->first + j0) / bs, left = bs - (k->first + j0) % bs; /* rows left in b */
     for (int32_t j = 0; j < jn; j++) {
-        kr[j] = blk->k.base + (int64_t)blk->k.table[b] * blk->k.block_stride + (int64_t)i * blk->k.stride;
-        vr[j] = blk->v.base + (int64_t)blk->v.table[b] * blk->v.block_stride + (int64_t)i * blk->v.stride;
-        if (++i == bs)
-            i = 0, b++;
+        kr[j] = kp, vr[j] = vp;
+        if (--left)
+            kp += k->stride, vp += v->stride;
+        else if (j + 1 < jn) {
+            b++, left = bs;
+            kp = k->base + (int64_t)k->table[b] * k->block_stride;
+            vp = v->base + (int64_t)v->table[b] * v->block_stride;
+        }
     }
 }
 
