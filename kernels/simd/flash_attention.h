@@ -1402,7 +1402,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
             continue;
         tile_rows(blk, j0, jn, ps->kr, ps->vr);
         ps->tn = jn;
-        ps->vdirect = ps->kdirect && even_rows(ps->vr, jn, blk->v.stride);
+        ps->vdirect = ps->kdirect && (!blk->v.table || even_rows(ps->vr, jn, blk->v.stride));
         ps->nn = ps->stream && j0 + jn < jmax ? (jmax - j0 - jn < ps->bc ? jmax - j0 - jn : ps->bc) : 0;
         tile_rows(blk, j0 + jn, ps->nn, ps->nkr, ps->nvr);
         for (int32_t j = 0; !ps->dot && j < ps->nn; j++)
