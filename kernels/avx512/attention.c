@@ -13,7 +13,7 @@
 #include "avx512/simd.h"
 
 enum { QK_KEYS = 8, QK_ROWS = 48, PV_ROWS = 6, PV_COLS = 64 };
-enum { BC = 72 /* keys per tile */, RB = 96, RB_L2 = 48 };
+enum { BC = 72 /* keys per tile (64 in a dot pass: whole 16-key steps) */, RB = 96, RB_L2 = 48 };
 
 /* st[i][0..48) (+)= sum_{d < dc} kp[i][d] qt[d][0..48) for 8 keys i; rp is the
  * row pitch of qt and st (64-byte aligned). accumulate resumes the FMA chains

@@ -227,7 +227,8 @@ typedef struct pass {
                         scores by the ISA's tile unit (qk_tile_amx) */
     int amx_pv;      /* an amx pass whose O rows are in ost and dv % 32 == 0: P.V by the
                         tile unit too (pv_amx), but in careful tiles */
-    int32_t bc;      /* keys per tile: BC, AMX_BC in amx passes */
+    int32_t bc;      /* keys per tile: BC, AMX_BC in amx passes, whole dot steps of
+                        DOT_SCORES keys in dot passes */
     _Alignas(64) float st[BC * RB];
     const char *kr[BC], *vr[BC]; /* the rows of the tile's keys */
     const char *nkr[BC], *nvr[BC]; /* the rows of the next tile's keys, */
@@ -1054,6 +1055,7 @@ static void pv_row_careful(pass *ps, int32_t r, int32_t js, int32_t jv)
  * file in accumulators, at most 8 per row (8 independent chains cover the latency). */
 #define DOT_COLS(R) (VF_REGS / 2 / (R) < 8 ? VF_REGS / 2 / (R) : 8)
 _Static_assert(DOT_COLS(4) % 2 == 0, "sweeps of whole bf16 pairs");
+_Static_assert((int)BC >= (int)DOT_SCORES, "a dot pass's tile holds a step of keys");
 
 /* o[rr][d ..] = alpha[rr] o[rr] + sum_{j < jn} p[j*pp + rr] v_j[d ..] for R rows (4,
  * 2 or 1) over NV column vectors from d, v_j the row vr[j] of type T: R x NV
@@ -1305,6 +1307,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 #endif
     ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
+    if (ps->dot) /* whole steps: a last step of 8 keys of 16 costs a whole one */
+        ps->bc = BC / DOT_SCORES * DOT_SCORES;
     for (int32_t i = 0; i < VF_LANES; i++) {
         ps->lane_key[i] = i / ps->rp;
         ps->lane_keyf[i] = (float)ps->lane_key[i];
