@@ -1307,7 +1307,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 #endif
     ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
-    if (ps->dot) /* whole steps: a last step of 8 keys of 16 costs a whole one */
+    if (ps->dot) /* whole steps: a step past the tile's keys repeats its last one */
         ps->bc = BC / DOT_SCORES * DOT_SCORES;
     for (int32_t i = 0; i < VF_LANES; i++) {
         ps->lane_key[i] = i / ps->rp;
