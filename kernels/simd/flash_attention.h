@@ -123,7 +123,7 @@ enum { AMX_BC = 64 };
 _Static_assert((int)AMX_BC <= (int)BC && AMX_BC % QK_AMX_KEYS == 0 && AMX_BC % QK_AMX_D == 0,
                "a tile-unit pass's tiles fit the pass's buffers");
 #else
-enum { QK_AMX_KEYS = 0 };
+enum { QK_AMX_KEYS = 0, AMX_BC = BC };
 #endif
 
 enum {
@@ -1298,17 +1298,15 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
 #ifdef QK_AMX
     ps->amx = ps->bf16dp && dk % QK_AMX_D == 0 && QK_AMX_AVAILABLE();
     ps->amx_pv = ps->amx && dv % 32 == 0 && dv <= OST_D;
-    ps->bc = ps->amx ? AMX_BC : BC;
     if (ps->amx)
         qk_amx_begin();
 #else
     ps->amx = ps->amx_pv = 0;
-    ps->bc = BC;
 #endif
+    /* a dot pass's tile holds whole steps: a step past its keys repeats the last one */
+    ps->bc = ps->amx ? AMX_BC : ps->dot ? BC / DOT_SCORES * DOT_SCORES : BC;
     ps->rp = ps->dot ? dot_pitch(nr) : plan_groups(ps, nr, !ps->bf16dp);
     ps->kpv = ps->rp < VF_LANES ? VF_LANES / ps->rp : 1;
-    if (ps->dot) /* whole steps: a step past the tile's keys repeats its last one */
-        ps->bc = BC / DOT_SCORES * DOT_SCORES;
     for (int32_t i = 0; i < VF_LANES; i++) {
         ps->lane_key[i] = i / ps->rp;
         ps->lane_keyf[i] = (float)ps->lane_key[i];
