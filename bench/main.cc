@@ -64,6 +64,11 @@
 //                      OPENBLAS_CORETYPE when it is older than the CPU's vectors
 //   --scalar-cap=G     skip the scalar ISA on calls above G GFLOP (default 4,
 //                      1 with --quick): it is 10-100x slower than SIMD
+//
+// Environment: MHA_BENCH_HUGEPAGES=1 puts every allocation of 2 MiB or more (inputs,
+// caches, pools, their references alike) on transparent huge pages (madvise), as an
+// engine may for its KV pool; the context's "pages" says which were used. Peers keep
+// their own allocations: compare paged with contiguous in such a run, not with peers.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -80,7 +85,8 @@
 #include <vector>
 
 #if __has_include(<unistd.h>)
-#include <unistd.h> // sysconf: the L3 size where sysfs has none
+#include <sys/mman.h> // madvise: MHA_BENCH_HUGEPAGES
+#include <unistd.h>     // sysconf: the L3 size where sysfs has none
 #endif
 
 #include "isa_list.h"
@@ -97,9 +103,32 @@ extern "C" {
 // Every allocation of the bench starts on a 64-byte cache line, as engines' tensors do
 // (PyTorch's, ggml's): glibc's malloc puts a large block 16 bytes off a line, where each
 // row load of the kernels straddles two lines (decode on an f16 cache 9% slower).
+// With MHA_BENCH_HUGEPAGES=1, those of 2 MiB or more start on a 2 MiB boundary and are
+// advised onto huge pages: a shuffled pool of 4 KiB blocks otherwise pays a page walk per
+// block, which the paged cases would measure as much as their block tables. The flag is
+// read at static initialization; the few allocations before it are small.
+static const bool g_huge_pages = [] {
+    const char *e = std::getenv("MHA_BENCH_HUGEPAGES");
+    return e && std::strcmp(e, "1") == 0;
+}();
+
+// n bytes from a 2 MiB boundary, advised onto huge pages; NULL if out of memory.
+__attribute__((noinline)) static void *huge_alloc(std::size_t n)
+{
+    const std::size_t huge = std::size_t{2} << 20, bytes = (n + huge - 1) / huge * huge;
+    void *p = std::aligned_alloc(huge, bytes);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 void *operator new(std::size_t n)
 {
-    if (void *p = std::aligned_alloc(64, (n + 63) / 64 * 64 + (n == 0) * 64))
+    if (void *p = g_huge_pages && n >= (std::size_t{2} << 20)
+                      ? huge_alloc(n)
+                      : std::aligned_alloc(64, (n + 63) / 64 * 64 + (n == 0) * 64))
         return p;
     throw std::bad_alloc();
 }
@@ -812,6 +841,20 @@ void bm_sgemm(benchmark::State &state, const Shape *s)
 }
 #endif
 
+// Linux's transparent huge page mode (always, madvise or never: the bracketed word of
+// sysfs), "unknown" elsewhere.
+std::string thp_mode()
+{
+    FILE *f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[128] = {0};
+    const bool got = f && std::fgets(line, sizeof line, f);
+    if (f)
+        std::fclose(f);
+    const char *open = got ? std::strchr(line, '[') : nullptr;
+    const char *close = open ? std::strchr(open, ']') : nullptr;
+    return close ? std::string(open + 1, close) : "unknown";
+}
+
 // The size of the L3 that CPU 0 shares, from sysfs (a virtual machine's sysconf may
 // report the whole socket's: 64 MiB on an EPYC whose 2 vCPUs share 8), else sysconf.
 long l3_bytes()
@@ -1125,6 +1168,8 @@ int main(int argc, char **argv)
     benchmark::AddCustomContext("mha_version", mha_version());
     benchmark::AddCustomContext("omp_threads", std::to_string(g_peaks.threads));
     benchmark::AddCustomContext("mode", quick ? "quick" : "full");
+    benchmark::AddCustomContext("pages", g_huge_pages ? "huge (MADV_HUGEPAGE, THP " + thp_mode() + ")"
+                                                      : "4 KiB");
     char cap[32];
     std::snprintf(cap, sizeof cap, "%g", scalar_cap);
     benchmark::AddCustomContext("scalar_cap_gflop", cap);

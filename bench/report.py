@@ -243,6 +243,7 @@ def main():
         "scalar_cap_gflop": bctx.get("scalar_cap_gflop", "?"),
         "read_isa": bctx.get("read_isa", "?"),
         "l3_bytes": int(bctx.get("l3_bytes", 0)),
+        "pages": bctx.get("pages", "4 KiB"),
         # A framework missing from every peers file was not run (--quick: ONNX Runtime only).
         "peers": {p: pctx.get(p, "not run") for p in FRAMEWORKS},
     }
@@ -532,7 +533,8 @@ def write_table(out_dir, shapes, rate, info, skipped, by_key):
         f"({info['peak_isa']}); per ISA {peaks} GFLOP/s. memcpy {info['memcpy_gbps']:.1f} GB/s "
         "(2 x bytes copied, 64 MiB).",
         "",
-        f"OpenBLAS core: {info['openblas_core']}; {info['openblas']}.",
+        f"OpenBLAS core: {info['openblas_core']}; {info['openblas']}. mha-bench's buffers "
+        f"on {info['pages']} pages.",
         "",
         f"Peers, each timed in its own process: {peers}.",
         "",
