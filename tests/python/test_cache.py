@@ -52,6 +52,40 @@ def test_arrays_start_on_cache_lines(rng):
     assert libmha.attention(q, q, q).ctypes.data % 64 == 0
 
 
+def thp_mode():
+    """Linux's transparent huge page mode (always, madvise, never), None without it."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+
+
+def huge_kib(address):
+    """AnonHugePages (KiB) of the mapping of this process that holds address."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="no transparent huge pages")
+def test_large_caches_on_huge_pages():
+    """A cache of 2 MiB or more starts on a 2 MiB boundary and, once written, sits on huge
+    pages: a shuffled pool of small blocks would otherwise pay a page walk per block."""
+    c = libmha.KVCache(1, 8, 4096, 128, dtype="f16", block_size=16)  # 8 MiB each
+    for a in (c.k, c.v):
+        assert a.ctypes.data % (2 << 20) == 0 and not a.any()
+        a[...] = 1
+        assert huge_kib(a.ctypes.data) >= 2048
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_chunked_prefill_then_decode(isa, layout, rng):
