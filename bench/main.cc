@@ -112,11 +112,13 @@ static const bool g_huge_pages = [] {
     return e && std::strcmp(e, "1") == 0;
 }();
 
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
 // n bytes from a 2 MiB boundary, advised onto huge pages; NULL if out of memory.
 __attribute__((noinline)) static void *huge_alloc(std::size_t n)
 {
-    const std::size_t huge = std::size_t{2} << 20, bytes = (n + huge - 1) / huge * huge;
-    void *p = std::aligned_alloc(huge, bytes);
+    const std::size_t bytes = (n + kHugePage - 1) / kHugePage * kHugePage;
+    void *p = std::aligned_alloc(kHugePage, bytes);
 #ifdef MADV_HUGEPAGE
     if (p)
         madvise(p, bytes, MADV_HUGEPAGE);
@@ -126,7 +128,7 @@ __attribute__((noinline)) static void *huge_alloc(std::size_t n)
 
 void *operator new(std::size_t n)
 {
-    if (void *p = g_huge_pages && n >= (std::size_t{2} << 20)
+    if (void *p = g_huge_pages && n >= kHugePage
                       ? huge_alloc(n)
                       : std::aligned_alloc(64, (n + 63) / 64 * 64 + (n == 0) * 64))
         return p;
