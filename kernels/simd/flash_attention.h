@@ -445,7 +445,7 @@ static const char *amx_rows(pass *ps, const float *const *kp, int64_t *ldk)
  * rows (16 for a last 16) P's pieces into kst and O += P V in place, after O = alpha O.
  * Keys past the tile up to a multiple of QK_AMX_D have P = 0 and V = 0. */
 _Static_assert(AMX_BC / 2 * OST_D * 4 <= (int)sizeof(float) * BC * STAGE_D
-                   && 3 * 32 * AMX_BC * 2 <= (int)sizeof(float) * BC * STAGE_D,
+                   && P_PIECES * 32 * AMX_BC * 2 <= (int)sizeof(float) * BC * STAGE_D,
                "vst holds a tile's V paired, kst 32 rows of P's pieces");
 static void pv_amx(pass *ps, int32_t jn)
 {
