@@ -147,9 +147,10 @@ MHA_API const char *mha_dtype_name(mha_dtype t);
    With AMX-BF16 (and head_dim a multiple of 32) the tile unit takes the same products
    16 keys at a time, summed in f32 in its own order, subnormal inputs read as zero; and
    P.V too (v_head_dim a multiple of 32, at most 128), each weight p split into two
-   bf16 pieces, hi = p rounded and lo = p - hi rounded, |hi + lo - p| <= 2^-18 p
-   (pieces below 2^-126 read as zero): the out row errs by at most 2^-18 max |V| more
-   than f32 FMAs would, inside the f32 tolerance, before its rounding to bf16. */
+   bf16 pieces, hi = p rounded and lo = p - hi rounded, |hi + lo - p| <= 2^-17 p
+   (pieces below 2^-126 read as zero): the out row errs by at most 2^-17 max |V| more
+   than f32 FMAs would (7.6e-6 for |V| <= 1: inside the f32 tolerance), before its
+   rounding to bf16. */
 
 /* Runs fn(arg, i) for every i in [0, n), in any order and on any threads, and
    returns when all have finished. */

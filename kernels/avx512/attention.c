@@ -341,10 +341,11 @@ static void amx_pair_v(const char *const *vr, int32_t jn, int32_t kn, int32_t dv
 }
 
 /* pa[i][r][k] for rows r < 16 n (st's lanes from st, rp floats per key) and keys k < kn:
- * P as two bf16 pieces, hi = P rounded to bf16 and lo = P - hi (exact in f32) rounded,
- * so that |hi + lo - P| <= 2^-18 P, and the P.V of a row errs by at most 2^-18 max |V|
- * (3.8e-6 for |V| <= 1), within the f32 tolerance; an AMX pass's out is bf16, whose
- * half unit is 2^-9. A third piece would make the sum exact at 1.1-1.2x the time.
+ * P as two bf16 pieces, hi = P rounded to bf16 and lo = P - hi (exact in f32) rounded:
+ * |P - hi| <= 2^-8 P and lo is within half its unit, so |hi + lo - P| <= 2^-17 P, and
+ * the P.V of a row errs by at most 2^-17 max |V| (7.6e-6 for |V| <= 1), within the f32
+ * tolerance; an AMX pass's out is bf16, whose half unit is 2^-8 of it. A third piece
+ * would make the sum exact at 1.1-1.2x the time.
  * Zeros for keys past jn; pieces below 2^-126 are read as zero by the tiles. */
 __attribute__((target("avx512bf16")))
 static void amx_split_p(const float *st, int32_t rp, int32_t jn, int32_t kn, uint16_t *pa, int n)
