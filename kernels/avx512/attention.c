@@ -344,9 +344,10 @@ static void amx_pair_v(const char *const *vr, int32_t jn, int32_t kn, int32_t dv
  * P as two bf16 pieces, hi = P rounded to bf16 and lo = P - hi (exact in f32) rounded:
  * |P - hi| <= 2^-8 P and lo is within half its unit, so |hi + lo - P| <= 2^-17 P, and
  * the P.V of a row errs by at most 2^-17 max |V| (7.6e-6 for |V| <= 1), within the f32
- * tolerance; an AMX pass's out is bf16, whose half unit is 2^-8 of it. A third piece
- * would make the sum exact at 1.1-1.2x the time.
+ * tolerance; an AMX pass's out is bf16, whose half unit is up to 2^-8 of it. A third
+ * piece would make the sum exact at 1.1-1.2x the time.
  * Zeros for keys past jn; pieces below 2^-126 are read as zero by the tiles. */
+_Static_assert(P_PIECES == 2, "amx_split_p writes hi and lo");
 __attribute__((target("avx512bf16")))
 static void amx_split_p(const float *st, int32_t rp, int32_t jn, int32_t kn, uint16_t *pa, int n)
 {
