@@ -332,13 +332,13 @@ static void tile_rows(const mha_attn_block *blk, int32_t j0, int32_t jn, const c
         return;
     }
     const int32_t bs = k->block_size;
-    int32_t b = (k->first + j0) / bs, left = bs - (k->first + j0) % bs; /* rows left in b */
-    for (int32_t j = 0; j < jn; j++) {
-        kr[j] = kp, vr[j] = vp;
-        if (--left)
-            kp += k->stride, vp += v->stride;
-        else if (j + 1 < jn) {
-            b++, left = bs;
+    int32_t b = (k->first + j0) / bs, run = bs - (k->first + j0) % bs; /* rows left in b */
+    for (int32_t j = 0; j < jn; run = bs) {
+        const int32_t n = jn - j < run ? jn - j : run;
+        for (int32_t i = 0; i < n; i++)
+            kr[j + i] = kp + i * k->stride, vr[j + i] = vp + i * v->stride;
+        if ((j += n) < jn) {
+            b++;
             kp = k->base + (int64_t)k->table[b] * k->block_stride;
             vp = v->base + (int64_t)v->table[b] * v->block_stride;
         }
