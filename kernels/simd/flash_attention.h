@@ -201,6 +201,8 @@ typedef struct pass {
                         place; else they are staged (converted, gathered) into vst */
     int64_t ldv;     /* V's row pitch in floats, when vdirect */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
+    int pf_far;      /* a dot pass over a paged cache whose blocks hold a head's rows in
+                        less than PF_FAR_SPAN bytes asks for rows far ahead (dot_step) */
     int pf_l1;       /* a dot pass prefetches the tile's V into L1 as it computes its
                         scores: they fit in 3/4 of L1; else the P.V asks for the next
                         tile's V into L2 (pv_dot) */
@@ -707,8 +709,11 @@ static inline const char *row_ahead(const pass *ps, const char *const *rows,
  * Skv=4096: f16 B=1 1.12x, f32 B=8 1.16x, paged f16 B=8 1.06x, q8_0 within noise.
  * In a paged cache, the first line of the rows DOT_PF_FAR keys ahead is asked for
  * into L2 too, so that the walks of the scattered blocks' pages start early (same
- * Xeon, block_size 16, B=8: f16 1.10x, f32 1.08x; contiguous, it gained nothing). */
-enum { DOT_PF_KEYS = 8, DOT_PF_FAR = 64 };
+ * Xeon, block_size 16, B=8: f16 1.10x, f32 1.08x; contiguous, it gained nothing),
+ * where a block holds a head's rows in less than PF_FAR_SPAN bytes: over longer runs
+ * the hardware's prefetchers have the rows, and the requests only got in their way
+ * (f16, block_size 256, B=1: 1.04-1.06x faster without, B=8 and f32 within noise). */
+enum { DOT_PF_KEYS = 8, DOT_PF_FAR = 64, PF_FAR_SPAN = 32 * 1024 };
 static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
                                    int32_t jt, const char *const *k,
                                    int pf, const int R, const int T)
@@ -719,7 +724,7 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
         for (int32_t i = jk + DOT_PF_KEYS; pf && i < jk + KS + DOT_PF_KEYS && ahead(ps, i); i++)
             prefetch_row(row_ahead(ps, ps->kr, ps->nkr, i), ps->kbytes, 1);
-        for (int32_t i = jk + DOT_PF_FAR; pf && ps->blk->k.table && i < jk + KS + DOT_PF_FAR
+        for (int32_t i = jk + DOT_PF_FAR; pf && ps->pf_far && i < jk + KS + DOT_PF_FAR
                                           && ahead(ps, i); i++)
             prefetch_l2(row_ahead(ps, ps->kr, ps->nkr, i)),
                 prefetch_l2(row_ahead(ps, ps->vr, ps->nvr, i));
@@ -1370,6 +1375,7 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
     ps->pf_l1 = 4 * (int64_t)ps->bc * ps->vbytes <= 3 * blk->l1d_bytes;
+    ps->pf_far = blk->k.table && blk->k.block_size * blk->k.stride < PF_FAR_SPAN;
     ps->stream = blk->kv_far == KV_PAST_L2
                  && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
     ps->kdirect = blk->kv_type == MHA_F32;
