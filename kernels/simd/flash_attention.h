@@ -1067,19 +1067,21 @@ _Static_assert((int)BC >= (int)DOT_SCORES, "a dot pass's tile holds a step of ke
  * accumulators, each V vector loaded once for the R rows; MASKED: one vector of
  * `last` lanes (a dv tail); alpha NULL: o is not rescaled. A sweep lies within one
  * q8_0 block or covers whole ones (dv % 32 == 0): each block's scale is loaded once
- * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. Where the
- * sweep's bytes hold a multiple of 64 from the start of a row, the line of that byte
- * in each row nv[j < nn] (the next tile's V) is asked for into L2: a line per key and
- * sweep at most, every line of a row on 64-byte lines. */
+ * per key. bf16 (not MASKED, NV even): whole PAIR chunks in pairs order. The lines
+ * that start within the sweep's bytes of a row are asked for into L2 in each row
+ * nv[j < nn] (the next tile's V), so the sweeps together ask for every line of a row
+ * on 64-byte lines (AVX-512's sweeps of 4 or 8 vectors span 4 or 8 f32 lines: asking
+ * for only the first, decode over an f32 cache on Zen 4 took 1.03-1.15x the time). */
 static SIMD_INSTANCE void pv_sweep(
                                    int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
                                    const float *alpha, int32_t last, const char *const *nv, int32_t nn,
                                    const int R, const int T, const int NV, const int MASKED)
 {
-    /* the first multiple of 64 in the sweep's bytes [b0, b1) of a row, if any */
+    /* the first line that starts in the sweep's bytes [b0, b1) of a row, if any */
     const int32_t b0 = (int32_t)mha_row_bytes((mha_dtype)T, d);
+    const int32_t b1 = (int32_t)mha_row_bytes((mha_dtype)T, d + NV * VF_LANES);
     const int32_t line = (b0 + 63) / 64 * 64;
-    const int32_t ask = line < (int32_t)mha_row_bytes((mha_dtype)T, d + NV * VF_LANES) ? nn : 0;
+    const int32_t ask = line < b1 ? nn : 0;
     const int VPB = T == MHA_Q8_0 && NV * VF_LANES >= MHA_Q8_BLOCK ? MHA_Q8_BLOCK / VF_LANES : NV;
     vf acc[4 * 8];
 SIMD_UNROLL(32)
@@ -1089,8 +1091,8 @@ SIMD_UNROLL(32)
         acc[i] = alpha ? vf_mul(vf_set1(alpha[i / NV]), x) : x;
     }
     for (int32_t j = 0; j < jn; j++) {
-        if (j < ask)
-            prefetch_l2(nv[j] + line);
+        for (int32_t b = line; j < ask && b < b1; b += 64)
+            prefetch_l2(nv[j] + b);
         vf vv[8];
 SIMD_UNROLL(8)
         for (int c0 = 0; c0 < NV; c0 += VPB) {
