@@ -165,7 +165,6 @@ mha_status mha_attention_prepare(const mha_kernels *kt, const mha_attn_args *a, 
     const double kv_bytes = (double)a->batch * a->kv_heads * keys
                             * (double)(mha_row_bytes(a->kv_type, a->dk) + mha_row_bytes(a->kv_type, a->dv));
     p->kv_far = kv_bytes <= KV_FAR_BYTES ? KV_IN_L2 : KV_PAST_L2;
-    p->l1d_bytes = mha_cpu_l1d_bytes();
     const int64_t items = p->blocks * p->chunks;
     const size_t partials = partial_bytes(p, a->dv);
     if (arena) {
@@ -413,7 +412,6 @@ static void attend_item(void *arg, int64_t item)
         .v = kv_rows(a, a->v, a->v_stride_b, a->v_stride_h, a->v_stride_s, at.b, at.g, c0),
         .kv_type = a->kv_type,
         .kv_far = p->kv_far,
-        .l1d_bytes = p->l1d_bytes,
         .kv_begin = begins ? br->kv_begin : NULL,
         .kv_end = br->kv_end,
         .scale = a->scale,

@@ -82,9 +82,7 @@ static inline const char *mha_row(const mha_rows *r, int32_t j)
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
  * the calling thread's alone: kernels keep their tiles and per-row state there;
  * the stack holds only registers' worth of vectors. kv_far: where the call's K
- * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2) or KV_PAST_L2;
- * l1d_bytes: the L1 data cache, which bounds how far ahead prefetches into L1 may
- * reach (0: none into L1). */
+ * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2) or KV_PAST_L2. */
 enum { KV_IN_L2, KV_PAST_L2 };
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
@@ -95,7 +93,6 @@ typedef struct mha_attn_block {
     mha_rows k, v;
     mha_dtype kv_type;
     int kv_far;
-    int64_t l1d_bytes;
     const int32_t *kv_begin, *kv_end;
     const float *bias;
     int64_t bias_stride, bias_group_stride;
@@ -227,8 +224,6 @@ int mha_cpu_supports(mha_isa isa);
 int mha_cpu_avx512_bf16(void);
 /* cpu.c: nonzero when the CPU has AMX-BF16 and the process may use its tiles (once). */
 int mha_cpu_amx_bf16(void);
-/* cpu.c: bytes of CPU 0's L1 data cache (read at the first call only). */
-int64_t mha_cpu_l1d_bytes(void);
 /* dispatch.c: the table of an ISA built in and supported here, else NULL. */
 const mha_kernels *mha_kernels_for(mha_isa isa);
 /* dispatch.c: the table calls use now (chosen once, thread-safely). */
@@ -292,7 +287,6 @@ typedef struct mha_attn_plan {
     int32_t head_run, row_run, qblocks, hgroups, chunks, chunk_len;
     int64_t blocks;
     int kv_far;                 /* where K and V of the call fit: KV_IN_L2 or KV_PAST_L2 */
-    int64_t l1d_bytes;          /* the L1 data cache (mha_cpu_l1d_bytes), for the kernels' prefetch */
     int serial;                 /* so little work that the calling thread runs every item */
     mha_scratch scratch;
     float *part_out, *part_lse; /* per chunk, when chunks > 1 */

@@ -178,9 +178,8 @@ static void case_build(const attn_case *c, rng *r, attn_bufs *a)
         memcpy(a->vt.table, a->kt.table, sizeof(int32_t) * (size_t)((S + c->block_size - 1) / c->block_size));
     b->q = a->q, b->out = a->out;
     b->k = rows_of(&a->kt), b->v = rows_of(&a->vt), b->kv_type = c->kv_type;
-    /* half the cases prefetch, into L1 too (nothing past the rows may be read) */
+    /* half the cases prefetch (nothing past the rows may be read) */
     b->kv_far = S % 2 ? KV_PAST_L2 : KV_IN_L2;
-    b->l1d_bytes = S % 2 ? 48 << 10 : 0;
     b->kv_begin = c->range == 3 || c->range == 5 ? a->kb : NULL;
     b->kv_end = a->ke;
     if (c->modifiers & 1)

@@ -203,9 +203,6 @@ typedef struct pass {
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
     int pf_far;      /* a dot pass over a paged cache whose blocks hold a head's rows in
                         less than PF_FAR_SPAN bytes asks for rows far ahead (dot_step) */
-    int pf_l1;       /* a dot pass prefetches the tile's V into L1 as it computes its
-                        scores: they fit in 3/4 of L1; else the P.V asks for the next
-                        tile's V into L2 (pv_dot) */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
@@ -360,7 +357,8 @@ static int even_rows(const char *const *rows, int32_t n, int64_t stride)
  * and V stream from beyond L2, the rows of the next tile are asked for (nkr, nvr):
  * a pass of many rows asks for them into L2 at the tile's start (a tile would not
  * fit L1); a dot pass, whose compute per key is small, asks for K rows a few keys
- * ahead and V rows of the tile at each of its steps (dot_step). */
+ * ahead into L1 at each of its steps (dot_step), and for the next tile's V rows into
+ * L2 during its P.V (pv_dot). */
 static inline void prefetch_row(const char *row, int32_t bytes, int l1)
 {
     for (const char *c = row - (uintptr_t)row % 64; c < row + bytes; c += 64)
@@ -702,12 +700,8 @@ static inline const char *row_ahead(const pass *ps, const char *const *rows,
 /* st[j][r0 + rr] for keys [j, j + DOT_SCORES) of the tile (those past jt repeat
  * the key jt - 1, and are not stored) and R rows from r0. With pf, a sub-step's
  * worth of K rows DOT_PF_KEYS keys ahead (into the next tile) are asked for into L1
- * before its dot products, and its keys' V rows after them, for the P.V at the
- * tile's end: the requests stay spread while the FMAs run (a burst would stall on
- * the fill buffers), and L1 holds the tile's V, not the next tile's too. Against
- * the whole next tile's rows a tile ahead, on a Xeon (AVX-512, 48 KiB of L1), decode
- * Skv=4096: f16 B=1 1.12x, f32 B=8 1.16x, paged f16 B=8 1.06x, q8_0 within noise.
- * In a paged cache, the first line of the rows DOT_PF_FAR keys ahead is asked for
+ * before its dot products: the requests stay spread while the FMAs run (a burst
+ * would stall on the fill buffers). In a paged cache, the first line of the rows DOT_PF_FAR keys ahead is asked for
  * into L2 too, so that the walks of the scattered blocks' pages start early (same
  * Xeon, block_size 16, B=8: f16 1.10x, f32 1.08x; contiguous, it gained nothing),
  * where a block holds a head's rows in less than PF_FAR_SPAN bytes: over longer runs
@@ -732,8 +726,6 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
         const int whole = R == ps->rp && jk + KS <= jt;
         float s[DOT_SCORES];
         dot_tile(ps->qt + (int64_t)r0 * dk, dk, k + sub * KS, whole ? ps->st + jk * R : s, R, T);
-        for (int32_t i = jk; pf && ps->pf_l1 && i < jk + KS && i < jt; i++)
-            prefetch_row(ps->vr[i], ps->vbytes, 1);
         for (int kk = 0; !whole && kk < KS && jk + kk < jt; kk++)
             memcpy(ps->st + (jk + kk) * ps->rp + r0, s + kk * R, (size_t)R * sizeof(float));
     }
@@ -1165,15 +1157,18 @@ __attribute__((noinline)) static void pv_rows(int32_t jn, const float *p, int32_
 }
 
 /* The P.V of a dot pass's rows [rg, rg + valid), keys [js, jv) of the tile, in the
- * row groups of its scores. While K and V stream and a tile's V rows would not fit
- * L1, the pass's first group asks for the next tile's V rows of those keys into L2,
- * spread over its sweeps: the P.V then keeps requests in flight as the dot products
- * do (with all of them in the dot steps, an f32 cache on Zen 1 read 10% slower). */
+ * row groups of its scores. While K and V stream, the pass's first group asks for
+ * the next tile's V rows of those keys into L2, spread over its sweeps: the P.V then
+ * keeps requests in flight as the dot products do (with all of them in the dot
+ * steps, an f32 cache on Zen 1 read 10% slower). Asking for the tile's own V rows
+ * into L1 during its dot steps instead, as 16-bit and q8_0 tiles did where they fit
+ * 3/4 of L1: Zen 4, decode Skv=4096 B=8 f16 and bf16 1.2-1.3x the time, paged f16
+ * 1.2x, B=1 Skv=16384 bf16 1.2x, q8_0 within noise. */
 static void pv_dot(pass *ps, int32_t rg, int valid, int32_t js, int32_t jv)
 {
     for (int32_t r = rg; r < rg + valid; r += dot_group(rg + valid, r))
         pv_rows(jv - js, ps->st + js * ps->rp + r, ps->rp, ps->vr + js, ps->out + r, ps->alpha + r,
-                ps->blk->dv, ps->nvr + js, r == 0 && !ps->pf_l1 ? ps->nn - js : 0,
+                ps->blk->dv, ps->nvr + js, r == 0 ? ps->nn - js : 0,
                 dot_group(rg + valid, r), ps->blk->kv_type);
 }
 
@@ -1376,7 +1371,6 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->pf_l1 = 4 * (int64_t)ps->bc * ps->vbytes <= 3 * blk->l1d_bytes;
     ps->pf_far = blk->k.table && blk->k.block_size * blk->k.stride < PF_FAR_SPAN;
     ps->stream = blk->kv_far == KV_PAST_L2
                  && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
