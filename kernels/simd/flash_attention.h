@@ -201,8 +201,8 @@ typedef struct pass {
                         place; else they are staged (converted, gathered) into vst */
     int64_t ldv;     /* V's row pitch in floats, when vdirect */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
-    int pf_far;      /* a dot pass over a paged cache whose blocks hold a head's rows in
-                        less than PF_FAR_SPAN bytes asks for rows far ahead (dot_step) */
+    int32_t far_kbytes; /* bytes of each K row a dot pass over a paged cache asks for
+                        far ahead (0: none; 1: the first line; see dot_step) */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
@@ -701,13 +701,18 @@ static inline const char *row_ahead(const pass *ps, const char *const *rows,
  * the key jt - 1, and are not stored) and R rows from r0. With pf, a sub-step's
  * worth of K rows DOT_PF_KEYS keys ahead (into the next tile) are asked for into L1
  * before its dot products: the requests stay spread while the FMAs run (a burst
- * would stall on the fill buffers). In a paged cache, the first line of the rows DOT_PF_FAR keys ahead is asked for
- * into L2 too, so that the walks of the scattered blocks' pages start early (same
- * Xeon, block_size 16, B=8: f16 1.10x, f32 1.08x; contiguous, it gained nothing),
- * where a block holds a head's rows in less than PF_FAR_SPAN bytes: over longer runs
- * the hardware's prefetchers have the rows, and the requests only got in their way
- * (f16, block_size 256, B=1: 1.04-1.06x faster without, B=8 and f32 within noise). */
-enum { DOT_PF_KEYS = 8, DOT_PF_FAR = 64, PF_FAR_SPAN = 32 * 1024 };
+ * would stall on the fill buffers). In a paged cache whose blocks hold a head's rows
+ * in less than PF_FAR_SPAN bytes, the rows DOT_PF_FAR keys ahead are asked for into
+ * L2 too (far_kbytes of the K row, the first line of the V row, whose other lines the
+ * P.V asks for), so that the walks of the scattered blocks' pages start early (Xeon,
+ * block_size 16, B=8: f16 1.10x, f32 1.08x; contiguous, it gained nothing): whole K
+ * rows where a block holds them in at most PF_ROWS_SPAN bytes, two 4 KiB pages, too
+ * few for the hardware's prefetchers to pick the run up (Zen 4, Skv=4096, block_size
+ * 16: f32 B=8 1.25x, B=1 1.15x, f16 B=8 1.13x, B=1 within noise; f16 block_size 64,
+ * B=1: 1.03-1.05x slower), else their first line. Over longer runs the prefetchers
+ * have the rows, and the requests only got in their way (Xeon, f16, block_size 256,
+ * B=1: 1.04-1.06x faster without, B=8 and f32 within noise). */
+enum { DOT_PF_KEYS = 8, DOT_PF_FAR = 64, PF_FAR_SPAN = 32 * 1024, PF_ROWS_SPAN = 8 * 1024 };
 static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
                                    int32_t jt, const char *const *k,
                                    int pf, const int R, const int T)
@@ -718,9 +723,9 @@ static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
         const int32_t jk = j + sub * KS; /* a score row of R floats per key */
         for (int32_t i = jk + DOT_PF_KEYS; pf && i < jk + KS + DOT_PF_KEYS && ahead(ps, i); i++)
             prefetch_row(row_ahead(ps, ps->kr, ps->nkr, i), ps->kbytes, 1);
-        for (int32_t i = jk + DOT_PF_FAR; pf && ps->pf_far && i < jk + KS + DOT_PF_FAR
+        for (int32_t i = jk + DOT_PF_FAR; pf && ps->far_kbytes && i < jk + KS + DOT_PF_FAR
                                           && ahead(ps, i); i++)
-            prefetch_l2(row_ahead(ps, ps->kr, ps->nkr, i)),
+            prefetch_row(row_ahead(ps, ps->kr, ps->nkr, i), ps->far_kbytes, 0),
                 prefetch_l2(row_ahead(ps, ps->vr, ps->nvr, i));
         /* a group of all the pass's rows writes its keys' scores in place */
         const int whole = R == ps->rp && jk + KS <= jt;
@@ -1371,7 +1376,8 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->jmax = jmax;
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
-    ps->pf_far = blk->k.table && blk->k.block_size * blk->k.stride < PF_FAR_SPAN;
+    const int64_t run = blk->k.table ? blk->k.block_size * blk->k.stride : PF_FAR_SPAN;
+    ps->far_kbytes = run <= PF_ROWS_SPAN ? ps->kbytes : run < PF_FAR_SPAN ? 1 : 0;
     ps->stream = blk->kv_far == KV_PAST_L2
                  && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
     ps->kdirect = blk->kv_type == MHA_F32;
