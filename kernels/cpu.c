@@ -9,7 +9,9 @@
  * arch_prctl(ARCH_REQ_XCOMP_PERM), asked here once unless MHA_AMX=0). AArch64: NEON
  * is architectural. */
 #define _DEFAULT_SOURCE /* syscall */
+#include <fcntl.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -118,5 +120,55 @@ int mha_cpu_avx512_bf16(void)
 int mha_cpu_amx_bf16(void)
 {
     return (feature_set() & AMX_BF16) != 0;
+}
+
+/* The text of cache index i's file `name` of CPU 0 in sysfs, "" when absent. */
+static void cache_text(int i, const char *name, char *text, size_t size)
+{
+    char path[80];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, name);
+    const int fd = open(path, O_RDONLY);
+    const ssize_t got = fd < 0 ? 0 : read(fd, text, size - 1);
+    if (fd >= 0)
+        close(fd);
+    text[got > 0 ? got : 0] = 0;
+}
+
+/* Bytes of the L3 that CPU 0 shares, from sysfs; 0 when sysfs does not say (a
+ * virtual machine's sysconf may give the whole socket's: 64 MiB on an EPYC whose
+ * 2 vCPUs share 8). */
+static int64_t sysfs_l3(void)
+{
+    for (int i = 0; i < 8; i++) {
+        char text[32], level[8];
+        cache_text(i, "size", text, sizeof text);
+        if (!text[0])
+            break;
+        char *unit;
+        const long n = strtol(text, &unit, 10); /* "32768K" */
+        cache_text(i, "level", level, sizeof level);
+        if (n > 0 && level[0] == '3')
+            return (int64_t)n << (*unit == 'K' ? 10 : *unit == 'M' ? 20 : 0);
+    }
+    return 0;
+}
+
+/* The L3 that CPU 0 shares: from sysfs, else sysconf, else 8 MiB. Read once; racing
+ * first calls read the same size. */
+int64_t mha_cpu_l3_bytes(void)
+{
+    static _Atomic int64_t l3_bytes;
+    int64_t n = atomic_load_explicit(&l3_bytes, memory_order_relaxed);
+    if (n)
+        return n;
+    n = sysfs_l3();
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (n <= 0)
+        n = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    if (n <= 0)
+        n = (int64_t)8 << 20;
+    atomic_store_explicit(&l3_bytes, n, memory_order_relaxed);
+    return n;
 }
 

@@ -82,8 +82,9 @@ static inline const char *mha_row(const mha_rows *r, int32_t j)
  * scratch: attn_scratch_bytes() of the table (NULL: none), 64-byte aligned,
  * the calling thread's alone: kernels keep their tiles and per-row state there;
  * the stack holds only registers' worth of vectors. kv_far: where the call's K
- * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2) or KV_PAST_L2. */
-enum { KV_IN_L2, KV_PAST_L2 };
+ * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2), KV_PAST_L2 (past
+ * it, within the L3 that CPU 0 shares) or KV_PAST_L3. */
+enum { KV_IN_L2, KV_PAST_L2, KV_PAST_L3 };
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
     const float *q;
@@ -224,6 +225,8 @@ int mha_cpu_supports(mha_isa isa);
 int mha_cpu_avx512_bf16(void);
 /* cpu.c: nonzero when the CPU has AMX-BF16 and the process may use its tiles (once). */
 int mha_cpu_amx_bf16(void);
+/* cpu.c: bytes of the L3 that CPU 0 shares (read at the first call only). */
+int64_t mha_cpu_l3_bytes(void);
 /* dispatch.c: the table of an ISA built in and supported here, else NULL. */
 const mha_kernels *mha_kernels_for(mha_isa isa);
 /* dispatch.c: the table calls use now (chosen once, thread-safely). */
@@ -286,7 +289,7 @@ typedef struct mha_attn_plan {
     mha_attn_args a;
     int32_t head_run, row_run, qblocks, hgroups, chunks, chunk_len;
     int64_t blocks;
-    int kv_far;                 /* where K and V of the call fit: KV_IN_L2 or KV_PAST_L2 */
+    int kv_far;                 /* where K and V of the call fit: KV_IN_L2, KV_PAST_L2 or KV_PAST_L3 */
     int serial;                 /* so little work that the calling thread runs every item */
     mha_scratch scratch;
     float *part_out, *part_lse; /* per chunk, when chunks > 1 */

@@ -178,8 +178,8 @@ static void case_build(const attn_case *c, rng *r, attn_bufs *a)
         memcpy(a->vt.table, a->kt.table, sizeof(int32_t) * (size_t)((S + c->block_size - 1) / c->block_size));
     b->q = a->q, b->out = a->out;
     b->k = rows_of(&a->kt), b->v = rows_of(&a->vt), b->kv_type = c->kv_type;
-    /* half the cases prefetch (nothing past the rows may be read) */
-    b->kv_far = S % 2 ? KV_PAST_L2 : KV_IN_L2;
+    /* two cases in three prefetch, one of them far ahead (nothing past the rows may be read) */
+    b->kv_far = S % 3 == 2 ? KV_PAST_L3 : S % 3 ? KV_PAST_L2 : KV_IN_L2;
     b->kv_begin = c->range == 3 || c->range == 5 ? a->kb : NULL;
     b->kv_end = a->ke;
     if (c->modifiers & 1)

@@ -201,8 +201,8 @@ typedef struct pass {
                         place; else they are staged (converted, gathered) into vst */
     int64_t ldv;     /* V's row pitch in floats, when vdirect */
     int32_t kbytes, vbytes; /* bytes of a K row and of a V row */
-    int32_t far_kbytes; /* bytes of each K row a dot pass over a paged cache asks for
-                        far ahead (0: none; 1: the first line; see dot_step) */
+    int32_t far_kbytes; /* bytes of each K row a dot pass asks for far ahead (0: none;
+                           1: the first line; see dot_step) */
     int bias_hides;  /* the bias of the current tile holds -INFINITY */
     const float *q[RB], *bias[RB]; /* the pass's rows (bias NULL without one) */
     float *out[RB];  /* O of the pass's rows: in ost when dv <= OST_D, else in place */
@@ -701,17 +701,20 @@ static inline const char *row_ahead(const pass *ps, const char *const *rows,
  * the key jt - 1, and are not stored) and R rows from r0. With pf, a sub-step's
  * worth of K rows DOT_PF_KEYS keys ahead (into the next tile) are asked for into L1
  * before its dot products: the requests stay spread while the FMAs run (a burst
- * would stall on the fill buffers). In a paged cache whose blocks hold a head's rows
- * in less than PF_FAR_SPAN bytes, the rows DOT_PF_FAR keys ahead are asked for into
+ * would stall on the fill buffers). The rows DOT_PF_FAR keys ahead are asked for into
  * L2 too (far_kbytes of the K row, the first line of the V row, whose other lines the
- * P.V asks for), so that the walks of the scattered blocks' pages start early (Xeon,
- * block_size 16, B=8: f16 1.10x, f32 1.08x; contiguous, it gained nothing): whole K
- * rows where a block holds them in at most PF_ROWS_SPAN bytes, two 4 KiB pages, too
- * few for the hardware's prefetchers to pick the run up (Zen 4, Skv=4096, block_size
- * 16: f32 B=8 1.25x, B=1 1.15x, f16 B=8 1.13x, B=1 within noise; f16 block_size 64,
- * B=1: 1.03-1.05x slower), else their first line. Over longer runs the prefetchers
- * have the rows, and the requests only got in their way (Xeon, f16, block_size 256,
- * B=1: 1.04-1.06x faster without, B=8 and f32 within noise). */
+ * P.V asks for): whole K rows where they come from memory (K and V past L3) or from
+ * runs of at most PF_ROWS_SPAN bytes (a paged cache's blocks: two 4 KiB pages are too
+ * few for the hardware's prefetchers to pick the run up), so that K, asked for only
+ * DOT_PF_KEYS keys ahead otherwise, keeps enough lines in flight (Zen 4, Skv=4096:
+ * B=8 f32 1.06-1.2x, f16 and bf16 1.05-1.2x, paged f32 block_size 16 1.2x; in L3,
+ * B=1 f16 1.13x slower). q8_0 keeps the first line: its decode is bound by the
+ * dequantization (Zen 4, B=8 from memory 1.07x slower with whole rows). Else, in a
+ * paged cache whose blocks hold a head's rows in less than PF_FAR_SPAN bytes, the
+ * first line starts the walks of the scattered blocks' pages early (Xeon, block_size
+ * 16, B=8: f16 1.10x, f32 1.08x); over longer runs the prefetchers have the rows, and
+ * the requests only got in their way (Xeon, f16, block_size 256, B=1: 1.04-1.06x
+ * faster without). */
 enum { DOT_PF_KEYS = 8, DOT_PF_FAR = 64, PF_FAR_SPAN = 32 * 1024, PF_ROWS_SPAN = 8 * 1024 };
 static SIMD_INSTANCE void dot_step(pass *ps, int32_t r0, int32_t j,
                                    int32_t jt, const char *const *k,
@@ -1377,8 +1380,11 @@ static void attend_pass(const mha_attn_block *blk, int32_t r0, int32_t nr)
     ps->kbytes = (int32_t)mha_row_bytes(blk->kv_type, dk);
     ps->vbytes = (int32_t)mha_row_bytes(blk->kv_type, dv);
     const int64_t run = blk->k.table ? blk->k.block_size * blk->k.stride : PF_FAR_SPAN;
-    ps->far_kbytes = run <= PF_ROWS_SPAN ? ps->kbytes : run < PF_FAR_SPAN ? 1 : 0;
-    ps->stream = blk->kv_far == KV_PAST_L2
+    ps->far_kbytes = run <= PF_ROWS_SPAN || (blk->kv_far == KV_PAST_L3 && blk->kv_type != MHA_Q8_0)
+                         ? ps->kbytes
+                     : run < PF_FAR_SPAN ? 1
+                                         : 0;
+    ps->stream = blk->kv_far >= KV_PAST_L2
                  && (ps->dot || (int64_t)(jmax - jmin) * (ps->kbytes + ps->vbytes) > KV_L2_BYTES);
     ps->kdirect = blk->kv_type == MHA_F32;
     ps->ldv = blk->v.stride / (int64_t)sizeof(float);
