@@ -83,7 +83,7 @@ static inline const char *mha_row(const mha_rows *r, int32_t j)
  * the calling thread's alone: kernels keep their tiles and per-row state there;
  * the stack holds only registers' worth of vectors. kv_far: where the call's K
  * and V fit, a hint for prefetching them: KV_IN_L2 (a core's L2), KV_PAST_L2 (past
- * it, within the L3 that CPU 0 shares) or KV_PAST_L3. */
+ * it, within 3/4 of the L3 that CPU 0 shares) or KV_PAST_L3. */
 enum { KV_IN_L2, KV_PAST_L2, KV_PAST_L3 };
 typedef struct mha_attn_block {
     int32_t rows, group_rows, seq_kv, dk, dv;
