@@ -171,4 +171,3 @@ int64_t mha_cpu_l3_bytes(void)
     atomic_store_explicit(&l3_bytes, n, memory_order_relaxed);
     return n;
 }
-

@@ -1071,7 +1071,7 @@ _Static_assert((int)BC >= (int)DOT_SCORES, "a dot pass's tile holds a step of ke
  * that start within the sweep's bytes of a row are asked for into L2 in each row
  * nv[j < nn] (the next tile's V), so the sweeps together ask for every line of a row
  * on 64-byte lines (AVX-512's sweeps of 4 or 8 vectors span 4 or 8 f32 lines: asking
- * for only the first, decode over an f32 cache on Zen 4 took 1.03-1.15x the time). */
+ * for only the first, decode over an f32 cache on Zen 4 took 1.05-1.18x the time). */
 static SIMD_INSTANCE void pv_sweep(
                                    int32_t jn, const float *p, int32_t pp, const char *const *vr, int32_t d, float *const *o,
                                    const float *alpha, int32_t last, const char *const *nv, int32_t nn,
